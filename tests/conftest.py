@@ -1,0 +1,30 @@
+"""Shared test setup: the project root on sys.path and the opt-in tiers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+DATA_DIR = Path(__file__).parent / "data"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--real-engine", action="store_true", help="run tests against a real vLLM engine")
+    parser.addoption("--soak", action="store_true", help="run the long soak tests")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for marker, option in (("real_engine", "--real-engine"), ("soak", "--soak")):
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=f"opt-in tier: pass {option} to run")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def protocol_vectors() -> dict:
+    return json.loads((DATA_DIR / "engine-protocol-vectors.json").read_text())
