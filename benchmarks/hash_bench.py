@@ -15,14 +15,10 @@ import hashlib
 import pickle
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hashing import HashConfig, PrefixMemo, block_hashes  # noqa: E402
+from hashing import HashConfig, PrefixMemo, block_hashes
 
 
 def reference_loop(token_ids: list[int], block_size: int, none_hash: bytes) -> list[bytes]:
@@ -41,7 +37,8 @@ def conversation(turns: int, per_turn: int, seed: int = 0) -> list[list[int]]:
     history: list[int] = []
     prompts = []
     for _ in range(turns):
-        history = history + [rng.randrange(0, 151_000) for _ in range(rng.randrange(per_turn - 200, per_turn + 200))]
+        added = rng.randrange(per_turn - 200, per_turn + 200)
+        history = history + [rng.randrange(0, 151_000) for _ in range(added)]
         prompts.append(history)
     return prompts
 
@@ -60,53 +57,61 @@ def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
+def run(block_size: int, prompts: list[list[int]], repeats: int) -> None:
+    """Print this block size's rows."""
+    last = prompts[-1]
+    config = HashConfig.default(block_size)
+    expected = reference_loop(last, block_size, config.none_hash)
+    assert block_hashes(last, config) == expected
+
+    ref = [timed(lambda: reference_loop(last, block_size, config.none_hash)) for _ in range(repeats)]
+    cold = [timed(lambda: block_hashes(last, config)) for _ in range(repeats)]
+    memo_last, memo_all, memo_cold = [], [], []
+    for _ in range(repeats):
+        memo = PrefixMemo(config)
+        memo_cold.append(timed(lambda m=memo: m.block_hashes(last)))  # memo overhead on a cold prompt
+        memo = PrefixMemo(config)
+        per_turn = [timed(lambda m=memo, p=p: m.block_hashes(p)) for p in prompts]
+        memo_last.append(per_turn[-1])
+        memo_all.append(sum(per_turn))
+        assert memo.block_hashes(last) == expected
+    ref_all = [sum(timed(lambda p=p: reference_loop(p, block_size, config.none_hash)) for p in prompts)]
+
+    ref_ms = median_ms(ref)
+    rows = [
+        ("reference loop, last turn", ref_ms),
+        ("block_hashes (cold), last turn", median_ms(cold)),
+        ("PrefixMemo, cold prompt (no reuse)", median_ms(memo_cold)),
+        (f"PrefixMemo, turn {len(prompts)} of the chat", median_ms(memo_last)),
+    ]
+    for what, ms in rows:
+        print(f"{block_size:>5} {what:<40} {ms:>10.3f} {ref_ms / ms:>12.2f}x")
+    total_ref = median_ms(ref_all)
+    total_memo = median_ms(memo_all)
+    print(
+        f"{block_size:>5} {'all turns: reference / PrefixMemo':<40} "
+        f"{total_ref:>6.1f}/{total_memo:<5.1f} {total_ref / total_memo:>10.2f}x"
+    )
+    print(f"{'':>5} per block: reference {ref_ms * 1e3 / len(expected):.2f} us")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--turns", type=int, default=50)
     parser.add_argument("--tokens-per-turn", type=int, default=2000)
     args = parser.parse_args()
 
     prompts = conversation(args.turns, args.tokens_per_turn)
-    last = prompts[-1]
-    print(f"conversation: {args.turns} turns, last turn {len(last):,} tokens; medians of {args.repeats} runs")
+    last_len = len(prompts[-1])
+    print(f"conversation: {args.turns} turns, last turn {last_len:,} tokens; medians of {args.repeats} runs")
     header = f"{'block':>5} {'what':<40} {'median ms':>10} {'vs reference':>13}"
     print(header)
     print("-" * len(header))
     for block_size in (16, 32):
-        config = HashConfig.default(block_size)
-        expected = reference_loop(last, block_size, config.none_hash)
-        assert block_hashes(last, config) == expected
-
-        ref = [timed(lambda: reference_loop(last, block_size, config.none_hash)) for _ in range(args.repeats)]
-        cold = [timed(lambda: block_hashes(last, config)) for _ in range(args.repeats)]
-        memo_last, memo_all, memo_cold = [], [], []
-        for _ in range(args.repeats):
-            memo = PrefixMemo(config)
-            memo_cold.append(timed(lambda m=memo: m.block_hashes(last)))  # memo overhead on a cold prompt
-            memo = PrefixMemo(config)
-            per_turn = [timed(lambda m=memo, p=p: m.block_hashes(p)) for p in prompts]
-            memo_last.append(per_turn[-1])
-            memo_all.append(sum(per_turn))
-            assert memo.block_hashes(last) == expected
-        ref_all = [sum(timed(lambda p=p: reference_loop(p, block_size, config.none_hash)) for p in prompts)]
-
-        ref_ms = median_ms(ref)
-        rows = [
-            ("reference loop, last turn", ref_ms),
-            ("block_hashes (cold), last turn", median_ms(cold)),
-            ("PrefixMemo, cold prompt (no reuse)", median_ms(memo_cold)),
-            (f"PrefixMemo, turn {args.turns} of the chat", median_ms(memo_last)),
-        ]
-        for what, ms in rows:
-            print(f"{block_size:>5} {what:<40} {ms:>10.3f} {ref_ms / ms:>12.2f}x")
-        total_ref = median_ms(ref_all)
-        total_memo = median_ms(memo_all)
-        print(
-            f"{block_size:>5} {'all turns: reference / PrefixMemo':<40} "
-            f"{total_ref:>6.1f}/{total_memo:<5.1f} {total_ref / total_memo:>10.2f}x"
-        )
-        print(f"{'':>5} per block: reference {ref_ms * 1e3 / len(expected):.2f} us")
+        run(block_size, prompts, args.repeats)
 
 
 if __name__ == "__main__":
