@@ -1,0 +1,634 @@
+"""The front end's client of one or many EngineCore processes over ZMQ.
+
+Layering: `handshake` admits the engines; this module owns the per-process input ROUTER and output
+PULL, sends ADD / ABORT / UTILITY, routes each decoded output batch once to per-request streams, and
+watches engine health. It knows nothing of HTTP, tokenizers or text.
+
+Health, since the protocol has no heartbeat (engine-protocol.md 5.2):
+- `ENGINE_CORE_DEAD` on the output socket (which engine sent it is not said) and every peer
+  disconnect seen by a monitor on the input ROUTER trigger an immediate probe of every engine;
+- the input ROUTER is ROUTER_MANDATORY, so a send to an engine whose process is gone fails at once
+  with EHOSTUNREACH: that engine is dead;
+- engines that sent nothing for `ping_interval_s` get a utility ping; no answer within
+  `stall_timeout_s` marks them stalled. Either way their in-flight requests fail with
+  `EngineDeadError` (a 5xx for the server); a stalled engine also gets ABORTs for them, and comes back
+  to service if it answers a later ping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import itertools
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from engine_client import codec, protocol
+from engine_client.balancer import LoadBalancer
+from engine_client.handshake import (
+    ClientAddresses,
+    HandshakeError,
+    engine_identity,
+    identity_rank,
+    run_handshake,
+)
+from engine_client.negotiation import Negotiation, feh_enabled_by_env, negotiate
+from engine_client.protocol import EngineCoreOutput, EngineCoreRequest
+from engine_client.validation import validate_request
+from hashing import PromptHasher
+
+logger = logging.getLogger(__name__)
+
+PING_METHOD = "is_sleeping"
+
+
+class EngineError(RuntimeError):
+    """Base of the errors a request can end with because of its engine."""
+
+
+class EngineDeadError(EngineError):
+    """The engine serving this request died or stalled; the request is gone."""
+
+
+class EngineUnavailableError(EngineError):
+    """No healthy engine can take the request (the server answers 503)."""
+
+
+class RequestAbortedError(EngineError):
+    """The request was aborted by this front end; its stream ends here."""
+
+
+class DuplicateRequestError(ValueError):
+    """The request id is already in flight (sending it would kill the engine)."""
+
+
+@dataclass(slots=True)
+class EngineClientConfig:
+    data_parallel_address: str = "127.0.0.1"
+    data_parallel_rpc_port: int = 62100
+    data_parallel_size: int = 1
+    client_index: int = 0
+    client_count: int = 1
+    run_handshake: bool = True
+    """False when another process runs the handshake for this one (several API servers)."""
+    input_address: str | None = None
+    output_address: str | None = None
+    startup_timeout_s: float = 600.0
+    ping_interval_s: float = 2.0
+    stall_timeout_s: float = 30.0
+    utility_timeout_s: float = 60.0
+    feh_enabled: bool | None = None
+    """None: read VLLM_NATIVE_FEH."""
+    hash_threads: int = 2
+
+
+@dataclass(slots=True, eq=False)
+class EngineState:
+    """What this front end knows of one engine."""
+
+    rank: int
+    identity: bytes
+    registration: dict[str, Any]
+    healthy: bool = True
+    connected: bool = True
+    status: str = "ok"
+    in_flight: set[str] = field(default_factory=set)
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_cache_usage: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+    requests_sent: int = 0
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.in_flight)
+
+
+class RequestStream:
+    """The outputs of one engine request, in order; iterate with `async for` or call `get()`.
+
+    The output loop pushes without awaiting; the consumer wakes once per batch of outputs, so a
+    consumer that falls behind drains several outputs in one go (`drain()`).
+    """
+
+    __slots__ = ("_buffer", "_error", "_waiter", "finished", "rank", "request_id")
+
+    def __init__(self, request_id: str, rank: int) -> None:
+        self.request_id = request_id
+        self.rank = rank
+        self.finished = False
+        self._buffer: deque[EngineCoreOutput] = deque()
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _push(self, output: EngineCoreOutput) -> None:
+        self._buffer.append(output)
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    async def _wait(self) -> None:
+        while not self._buffer:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def get(self) -> EngineCoreOutput:
+        await self._wait()
+        return self._buffer.popleft()
+
+    async def drain(self) -> list[EngineCoreOutput]:
+        """Every output received so far (at least one), oldest first."""
+        await self._wait()
+        outputs = list(self._buffer)
+        self._buffer.clear()
+        return outputs
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> EngineCoreOutput:
+        if self.finished and not self._buffer:
+            raise StopAsyncIteration
+        output = await self.get()
+        if output.finish_reason is not None:
+            self.finished = True
+        return output
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_MAP_DECODER = msgspec.msgpack.Decoder()
+
+
+class EngineClient:
+    """Create with `await EngineClient.start(config)`; close with `await client.close()`."""
+
+    def __init__(self, config: EngineClientConfig) -> None:
+        self.config = config
+        self.ctx = zmq.asyncio.Context()
+        self.engines: list[EngineState] = []
+        self.negotiation = Negotiation(None, "not negotiated yet")
+        self.hasher: PromptHasher | None = None
+        self.max_model_len = 0
+        self._streams: dict[str, RequestStream] = {}
+        self._owner: dict[str, EngineState] = {}
+        self._utility_calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        self._balancer = LoadBalancer(config.client_index, config.client_count)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._probe_wanted = asyncio.Event()
+        self._sentinel_seen = False
+        self._closed = False
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        self._input: zmq.asyncio.Socket | None = None
+        self._output: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self.input_address = ""
+        self.output_address = ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def start(cls, config: EngineClientConfig) -> EngineClient:
+        client = cls(config)
+        try:
+            await client._start()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    def _bind(self) -> None:
+        cfg = self.config
+        self._input = self.ctx.socket(zmq.ROUTER)
+        self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._input.setsockopt(zmq.SNDHWM, 0)
+        self._input.setsockopt(zmq.RCVHWM, 0)
+        self._input.setsockopt(zmq.LINGER, 0)
+        self._output = self.ctx.socket(zmq.PULL)
+        self._output.setsockopt(zmq.RCVHWM, 0)
+        self._output.setsockopt(zmq.LINGER, 0)
+        if cfg.input_address and cfg.output_address:
+            input_address, output_address = cfg.input_address, cfg.output_address
+        elif _is_loopback(cfg.data_parallel_address):
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="pyfront-")
+            base = os.path.join(self._tmpdir.name, f"{uuid.uuid4().hex[:8]}-{cfg.client_index}")
+            input_address, output_address = f"ipc://{base}-in", f"ipc://{base}-out"
+        else:
+            host = cfg.data_parallel_address
+            if ":" in host:
+                host = f"[{host}]"
+            input_address = output_address = f"tcp://{host}:0"
+        self._input.bind(input_address)
+        self._output.bind(output_address)
+        self.input_address = self._input.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._monitor = self._input.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    async def _start(self) -> None:
+        cfg = self.config
+        deadline = time.monotonic() + cfg.startup_timeout_s
+        self._bind()
+        if cfg.run_handshake:
+            if cfg.client_count != 1:
+                raise ValueError("run the handshake for several front-end processes with run_handshake()")
+            host = cfg.data_parallel_address
+            if ":" in host:
+                host = f"[{host}]"
+            await run_handshake(
+                self.ctx,
+                f"tcp://{host}:{cfg.data_parallel_rpc_port}",
+                cfg.data_parallel_size,
+                [ClientAddresses(self.input_address, self.output_address)],
+                cfg.startup_timeout_s,
+            )
+        registrations = await self._collect_registrations(deadline)
+        self.engines = [
+            EngineState(rank, engine_identity(rank), registrations[rank]) for rank in sorted(registrations)
+        ]
+        self.max_model_len = min(int(reg["max_model_len"]) for reg in registrations.values())
+        enabled = feh_enabled_by_env() if cfg.feh_enabled is None else cfg.feh_enabled
+        self.negotiation = negotiate(registrations, enabled)
+        logger.info("front-end block hashing: %s", self.negotiation.reason)
+        if self.negotiation.config is not None:
+            self.hasher = PromptHasher(self.negotiation.config, max_threads=cfg.hash_threads)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._output_loop(), name="pyfront-engine-outputs"),
+            loop.create_task(self._monitor_loop(), name="pyfront-engine-monitor"),
+            loop.create_task(self._health_loop(), name="pyfront-engine-health"),
+        ]
+
+    async def _collect_registrations(self, deadline: float) -> dict[int, dict[str, Any]]:
+        """One registration per engine on our input socket (they may have arrived before READY)."""
+        assert self._input is not None
+        expected = set(range(self.config.data_parallel_size))
+        registrations: dict[int, dict[str, Any]] = {}
+        while len(registrations) < len(expected):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self._input.poll(timeout=remaining * 1000):
+                missing = sorted(expected - set(registrations))
+                raise HandshakeError(
+                    f"engine ranks {missing} never registered on {self.input_address} "
+                    f"within {self.config.startup_timeout_s:g}s"
+                )
+            frames = await self._input.recv_multipart()
+            identity, payload = frames[0], frames[-1]
+            rank = identity_rank(identity)
+            if rank not in expected:
+                raise HandshakeError(f"registration from unexpected identity {identity.hex()}")
+            try:
+                registration = _MAP_DECODER.decode(payload)
+                msgspec.convert(registration, protocol.EngineCoreReadyResponse)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise HandshakeError(f"malformed registration from engine rank {rank}: {exc}") from None
+            registrations[rank] = registration
+        return registrations
+
+    async def close(self) -> None:
+        """Abort what is in flight, stop the tasks, close the sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        for engine in self.engines:
+            if engine.in_flight and engine.connected:
+                with contextlib.suppress(zmq.ZMQError):
+                    await self._send(engine, codec.encode_abort(sorted(engine.in_flight)))
+        for stream in self._streams.values():
+            stream._fail(EngineUnavailableError("the engine client is shutting down"))
+        self._streams.clear()
+        self._owner.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for future in self._utility_calls.values():
+            if not future.done():
+                future.set_exception(EngineUnavailableError("the engine client is shutting down"))
+        if self._input is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._input.disable_monitor()
+        for sock in (self._monitor, self._input, self._output):
+            if sock is not None:
+                sock.close(linger=0)
+        self.ctx.term()
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed and any(e.healthy for e in self.engines)
+
+    @property
+    def feh_config(self):  # -> HashConfig | None
+        return self.negotiation.config
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "engines": [
+                {
+                    "rank": e.rank,
+                    "healthy": e.healthy,
+                    "status": e.status,
+                    "in_flight": e.num_in_flight,
+                    "waiting": e.num_waiting,
+                    "running": e.num_running,
+                    "kv_cache_usage": e.kv_cache_usage,
+                }
+                for e in self.engines
+            ],
+            "front_end_block_hashing": self.negotiation.reason,
+        }
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def is_in_flight(self, request_id: str) -> bool:
+        return request_id in self._streams
+
+    # ------------------------------------------------------------------ requests
+
+    async def _send(self, engine: EngineState, frames: list) -> None:
+        """Send `[type, payload, aux...]` to one engine; a vanished engine is marked dead at once."""
+        assert self._input is not None
+        try:
+            await self._input.send_multipart([engine.identity, *frames], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._mark_dead(engine, "disconnected", "the engine process is gone (EHOSTUNREACH)")
+                raise EngineDeadError(f"engine rank {engine.rank} is gone") from None
+            raise
+
+    def feh_eligible(self, request: EngineCoreRequest) -> bool:
+        """Spec 7.4 rule 3: plain token prompts only."""
+        return (
+            self.hasher is not None
+            and request.prompt_token_ids is not None
+            and request.lora_request is None
+            and not request.mm_features
+            and request.prompt_embeds is None
+            and not request.resumable
+        )
+
+    async def add_request(
+        self, request: EngineCoreRequest, *, rank: int | None = None, prompt_block_hashes: bytes | None = None
+    ) -> RequestStream:
+        """Validate, hash (when negotiated), route and send one request; returns its output stream.
+
+        `prompt_block_hashes` lets n>1 children share their parent's hashes (spec 7.4 rule 4).
+        """
+        if self._closed:
+            raise EngineUnavailableError("the engine client is closed")
+        request.client_index = self.config.client_index
+        validate_request(request, self.max_model_len, self.config.client_count)
+        if request.request_id in self._streams:
+            raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight")
+        if self.feh_eligible(request):
+            if prompt_block_hashes is None:
+                assert self.hasher is not None and request.prompt_token_ids is not None
+                prompt_block_hashes = await self.hasher.hash_prompt(
+                    request.prompt_token_ids, request.cache_salt
+                )
+            request.prompt_block_hashes = prompt_block_hashes
+        else:
+            request.prompt_block_hashes = None
+        if rank is None:
+            rank = request.data_parallel_rank
+        if rank is not None:
+            if not 0 <= rank < len(self.engines):
+                raise ValueError(f"data_parallel_rank {rank} is out of range (0..{len(self.engines) - 1})")
+            engine = self.engines[rank]
+            if not engine.healthy:
+                raise EngineUnavailableError(f"engine rank {rank} is {engine.status}")
+        else:
+            picked = self._balancer.pick(self.engines)
+            if picked is None:
+                raise EngineUnavailableError("no healthy engine")
+            engine = picked  # type: ignore[assignment]
+        if request.request_id in self._streams:  # re-check: hashing awaited
+            raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight")
+        frames = codec.encode_add(request, block_hashes=request.prompt_block_hashes is not None)
+        stream = RequestStream(request.request_id, engine.rank)
+        self._streams[request.request_id] = stream
+        self._owner[request.request_id] = engine
+        engine.in_flight.add(request.request_id)
+        try:
+            await self._send(engine, frames)
+        except BaseException:
+            self._forget(request.request_id)
+            raise
+        engine.requests_sent += 1
+        return stream
+
+    def _forget(self, request_id: str) -> RequestStream | None:
+        stream = self._streams.pop(request_id, None)
+        engine = self._owner.pop(request_id, None)
+        if engine is not None:
+            engine.in_flight.discard(request_id)
+        return stream
+
+    async def abort(self, request_ids: Iterable[str]) -> None:
+        """Abort requests (batched per engine); their streams end at once, the engine sends nothing."""
+        by_engine: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            engine = self._owner.get(request_id)
+            stream = self._forget(request_id)
+            if stream is not None:
+                stream.finished = True
+                stream._fail(RequestAbortedError(f"request {request_id!r} was aborted"))
+            if engine is not None and engine.connected:
+                by_engine.setdefault(engine.rank, []).append(request_id)
+        for rank, ids in by_engine.items():
+            with contextlib.suppress(EngineDeadError):
+                await self._send(self.engines[rank], codec.encode_abort(ids))
+
+    async def call_utility(
+        self, method: str, *args: Any, rank: int | None = None, timeout_s: float | None = None
+    ) -> Any:
+        """Call an engine method by name on one engine (rank) or on every healthy engine (first result)."""
+        targets = [self.engines[rank]] if rank is not None else [e for e in self.engines if e.healthy]
+        if not targets:
+            raise EngineUnavailableError("no healthy engine")
+        timeout = self.config.utility_timeout_s if timeout_s is None else timeout_s
+        results = await asyncio.gather(*(self._call_one(e, method, args, timeout) for e in targets))
+        return results[0]
+
+    async def _call_one(self, engine: EngineState, method: str, args: Sequence[Any], timeout: float) -> Any:
+        call_id = next(self._call_ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._utility_calls[call_id] = future
+        try:
+            await self._send(engine, codec.encode_utility(self.config.client_index, call_id, method, args))
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._utility_calls.pop(call_id, None)
+
+    # ------------------------------------------------------------------ outputs
+
+    async def _output_loop(self) -> None:
+        assert self._output is not None
+        recv = self._output.recv_multipart
+        decode = codec.decode_outputs
+        streams = self._streams
+        while True:
+            frames = await recv()
+            if codec.is_engine_core_dead(frames):
+                logger.error("an engine sent ENGINE_CORE_DEAD; probing every engine")
+                self._sentinel_seen = True
+                self._probe_wanted.set()
+                continue
+            try:
+                batch = decode(frames)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                logger.error("dropping an undecodable engine output (%d frames): %s", len(frames), exc)
+                continue
+            index = batch.engine_index
+            engine = self.engines[index] if 0 <= index < len(self.engines) else None
+            if engine is not None:
+                engine.last_seen = time.monotonic()
+                stats = batch.scheduler_stats
+                if stats is not None:
+                    engine.num_waiting = stats.num_waiting_reqs
+                    engine.num_running = stats.num_running_reqs
+                    engine.kv_cache_usage = stats.kv_cache_usage
+            for output in batch.outputs:
+                stream = streams.get(output.request_id)
+                if stream is None:
+                    continue  # aborted here already: drop silently
+                stream._push(output)
+                if output.finish_reason is not None:
+                    self._forget(output.request_id)
+            if batch.finished_requests:
+                for request_id in batch.finished_requests:
+                    self._forget(request_id)
+            utility = batch.utility_output
+            if utility is not None:
+                future = self._utility_calls.get(utility.call_id)
+                if future is not None and not future.done():
+                    if utility.failure_message is not None:
+                        future.set_exception(EngineError(utility.failure_message))
+                    else:
+                        future.set_result(utility.result.result if utility.result is not None else None)
+
+    # ------------------------------------------------------------------ health
+
+    def _mark_dead(self, engine: EngineState, status: str, reason: str) -> None:
+        """Take an engine out of service and fail its in-flight requests with EngineDeadError."""
+        if not engine.healthy and engine.status == status:
+            return
+        engine.healthy = False
+        engine.status = status
+        if status == "disconnected":
+            engine.connected = False
+        failed = sorted(engine.in_flight)
+        logger.error(
+            "engine rank %d is %s (%s); failing %d in-flight request(s)",
+            engine.rank,
+            status,
+            reason,
+            len(failed),
+        )
+        error = EngineDeadError(f"engine rank {engine.rank} is {status}: {reason}")
+        for request_id in failed:
+            stream = self._forget(request_id)
+            if stream is not None:
+                stream._fail(error)
+        if status == "stalled" and failed:
+            # The process is alive: make sure it does not keep running requests nobody reads.
+            asyncio.get_running_loop().create_task(self._abort_quietly(engine, failed))
+
+    async def _abort_quietly(self, engine: EngineState, request_ids: list[str]) -> None:
+        with contextlib.suppress(EngineError, zmq.ZMQError):
+            await self._send(engine, codec.encode_abort(request_ids))
+
+    async def _ping(self, engine: EngineState, timeout: float, *, stall_on_timeout: bool = True) -> None:
+        try:
+            await self._call_one(engine, PING_METHOD, (), timeout)
+        except EngineDeadError:
+            return  # marked disconnected by _send
+        except TimeoutError:
+            if engine.connected and stall_on_timeout:
+                self._mark_dead(engine, "stalled", f"no answer to a ping within {timeout:g}s")
+            return
+        except EngineError:
+            pass  # it answered, if only with a failure: alive
+        engine.last_seen = time.monotonic()
+        if not engine.healthy and engine.connected:
+            logger.warning("engine rank %d answers again; back in service", engine.rank)
+            engine.healthy = True
+            engine.status = "ok"
+
+    async def _probe_all(self, timeout: float, *, stall_on_timeout: bool) -> None:
+        await asyncio.gather(
+            *(self._ping(e, timeout, stall_on_timeout=stall_on_timeout) for e in self.engines if e.connected)
+        )
+
+    async def _monitor_loop(self) -> None:
+        assert self._monitor is not None
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                logger.warning("an engine connection dropped (%s); probing", event.get("endpoint"))
+                self._probe_wanted.set()
+
+    async def _health_loop(self) -> None:
+        cfg = self.config
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._probe_wanted.wait(), cfg.ping_interval_s)
+            if self._probe_wanted.is_set():
+                self._probe_wanted.clear()
+                # After ENGINE_CORE_DEAD some engine is going down even if its socket is still open:
+                # whichever does not answer within 2 s is taken to be it. After a mere disconnect, a
+                # send to the vanished engine fails at once (ROUTER_MANDATORY), so a slow answer from
+                # a busy engine is no evidence.
+                sentinel, self._sentinel_seen = self._sentinel_seen, False
+                await asyncio.sleep(0.05)  # ZMQ drops the peer's route a moment after the event
+                await self._probe_all(min(cfg.stall_timeout_s, 2.0), stall_on_timeout=sentinel)
+                continue
+            now = time.monotonic()
+            quiet = [
+                e
+                for e in self.engines
+                if e.connected and (not e.healthy or now - e.last_seen >= cfg.ping_interval_s)
+            ]
+            if quiet:
+                await asyncio.gather(*(self._ping(e, cfg.stall_timeout_s) for e in quiet))

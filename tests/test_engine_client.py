@@ -1,0 +1,383 @@
+"""The engine client against the mock engine over real ZMQ sockets: handshake, FEH negotiation,
+routing, aborts, utility calls, death and stall detection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import pytest
+
+from engine_client.client import (
+    DuplicateRequestError,
+    EngineClient,
+    EngineClientConfig,
+    EngineDeadError,
+    EngineError,
+    EngineUnavailableError,
+    RequestAbortedError,
+)
+from engine_client.handshake import HandshakeError
+from engine_client.mock_engine import MockConfig, run_mock_engine
+from engine_client.protocol import EngineCoreRequest, SamplingParams
+from hashing import default_none_hash
+
+EOS = 151645
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_request(request_id: str, prompt_len: int = 50, max_tokens: int = 5, **sampling) -> EngineCoreRequest:
+    params = SamplingParams(max_tokens=max_tokens, eos_token_id=EOS, **sampling)
+    prompt = [1000 + (i * 37) % 5000 for i in range(prompt_len)]
+    return EngineCoreRequest(request_id, prompt, None, params, None, time.time(), None, None, None)
+
+
+@contextmanager
+def mock_threads(port: int, ranks: list[int], **kwargs) -> Iterator[None]:
+    """Mock engine ranks on threads of this process (fine unless a test makes them die)."""
+    stop = threading.Event()
+    config = MockConfig(handshake_address=f"tcp://127.0.0.1:{port}", ranks=ranks, **kwargs)
+    thread = threading.Thread(target=run_mock_engine, args=(config, stop), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+@contextmanager
+def mock_process(port: int, ranks: list[int], *args: str) -> Iterator[subprocess.Popen]:
+    """A mock engine in its own process, for tests that kill it."""
+    cmd = [sys.executable, "-m", "engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{port}",
+           "--ranks", *map(str, ranks), "--log-level", "WARNING", *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@asynccontextmanager
+async def client_for(port: int, size: int, **kwargs) -> AsyncIterator[EngineClient]:
+    config = EngineClientConfig(
+        data_parallel_rpc_port=port, data_parallel_size=size, startup_timeout_s=20, **kwargs
+    )
+    client = await EngineClient.start(config)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def collect(stream) -> tuple[list[int], int | None]:
+    tokens: list[int] = []
+    finish = None
+    async for output in stream:
+        tokens += output.new_token_ids
+        finish = output.finish_reason
+    return tokens, finish
+
+
+async def engine_stats(client: EngineClient) -> list[dict]:
+    return [await client.call_utility("mock_stats", rank=e.rank) for e in client.engines]
+
+
+# ---------------------------------------------------------------- basics
+
+
+def test_generate_route_and_spread_over_two_engines() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 2, feh_enabled=False) as client:
+            assert client.max_model_len == 32768
+            streams = [await client.add_request(make_request(f"r{i}", max_tokens=6)) for i in range(8)]
+            results = [await collect(s) for s in streams]
+            assert all(len(tokens) == 6 and finish == 1 for tokens, finish in results)
+            # Same prompt, no seed: deterministic tokens on whichever engine.
+            assert len({tuple(t) for t, _ in results}) == 1
+            ranks = [s.rank for s in streams]
+            assert ranks.count(0) == 4 and ranks.count(1) == 4
+            stats = await engine_stats(client)
+            assert [s["requests"] for s in stats] == [4, 4]
+            assert all(s["running"] == 0 for s in stats)
+            assert client.num_in_flight == 0
+            assert all(e.num_in_flight == 0 for e in client.engines)
+            # An explicit rank is honoured.
+            stream = await client.add_request(make_request("pinned"), rank=1)
+            assert stream.rank == 1
+            await collect(stream)
+
+    with mock_threads(port, [0, 1]):
+        asyncio.run(main())
+
+
+def test_eos_stop_token_and_logprobs() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=False) as client:
+            tokens, finish = await collect(await client.add_request(make_request("eos", max_tokens=50)))
+            assert finish == 0 and tokens[-1] == EOS and len(tokens) == 4  # output_len=3, then EOS
+            first = tokens[0]
+            tokens, finish = await collect(
+                await client.add_request(make_request("stop-id", max_tokens=50, stop_token_ids=[first]))
+            )
+            assert tokens == [first] and finish == 0
+            stream = await client.add_request(make_request("lp", max_tokens=2, logprobs=2, prompt_logprobs=1))
+            outputs = [o async for o in stream]
+            plain = outputs[0].new_logprobs.to_plain()
+            assert plain.token_ids[0][0] == outputs[0].new_token_ids[0] and len(plain.token_ids[0]) == 3
+            prompt = outputs[0].new_prompt_logprobs_tensors.to_plain()
+            assert (
+                len(prompt.token_ids) == 49
+                and prompt.token_ids[0][0] == make_request("x").prompt_token_ids[1]
+            )
+
+    with mock_threads(port, [0], output_len=3):
+        asyncio.run(main())
+
+
+def test_abort_reaches_the_engine_and_ends_the_stream() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=False) as client:
+            stream = await client.add_request(make_request("long", max_tokens=10_000))
+            first = await stream.get()
+            assert first.new_token_ids
+            await client.abort(["long"])
+            with pytest.raises(RequestAbortedError):
+                await stream.get()
+            await asyncio.sleep(0.1)
+            (stats,) = await engine_stats(client)
+            assert stats["aborts"] == 1 and stats["running"] == 0
+            assert not client.is_in_flight("long")
+
+    with mock_threads(port, [0]):
+        asyncio.run(main())
+
+
+def test_bad_requests_are_refused_before_sending() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=False) as client:
+            stream = await client.add_request(make_request("dup", max_tokens=1000))
+            with pytest.raises(DuplicateRequestError):
+                await client.add_request(make_request("dup"))
+            await client.abort(["dup"])
+            del stream
+            bad = [
+                make_request("t", temperature=5.0),
+                make_request("m", max_tokens=0),
+                make_request("p", top_p=0.0),
+                make_request("k", top_k=-3),
+                make_request("s", stop=[""]),
+                make_request("lb", logit_bias={"7": 1.0}),
+                make_request("lp", logprobs=21),
+                make_request("min", min_tokens=10, max_tokens=5),
+                make_request("long-prompt", prompt_len=32768),
+                make_request("empty", prompt_len=0),
+            ]
+            float_prompt = make_request("f")
+            float_prompt.prompt_token_ids[3] = 3.0
+            negative = make_request("neg")
+            negative.prompt_token_ids[0] = -1
+            bad += [float_prompt, negative]
+            for request in bad:
+                with pytest.raises(ValueError):
+                    await client.add_request(request)
+            # The engine survived all of that: it still serves.
+            tokens, finish = await collect(await client.add_request(make_request("ok")))
+            assert finish == 1 and len(tokens) == 5
+            (stats,) = await engine_stats(client)
+            assert stats["requests"] == 2
+
+    with mock_threads(port, [0]):
+        asyncio.run(main())
+
+
+def test_utility_calls_and_failures() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 2, feh_enabled=False) as client:
+            assert await client.call_utility("get_supported_tasks") == ["generate"]
+            assert await client.call_utility("reset_prefix_cache", rank=1) is True
+            with pytest.raises(EngineError, match="no_such_method"):
+                await client.call_utility("no_such_method")
+
+    with mock_threads(port, [0, 1]):
+        asyncio.run(main())
+
+
+def test_handshake_timeout_names_missing_ranks() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        config = EngineClientConfig(data_parallel_rpc_port=port, data_parallel_size=2, startup_timeout_s=1.5)
+        with pytest.raises(HandshakeError, match=r"ranks \[1\] never said HELLO"):
+            await EngineClient.start(config)
+
+    with mock_threads(port, [0]):
+        asyncio.run(main())
+
+
+# ---------------------------------------------------------------- FEH negotiation matrix
+
+
+def run_negotiation(port: int, size: int, engines: list[dict], feh_enabled: bool, caplog) -> list[dict]:
+    """Start one mock per rank with its own FEH settings; send prompts; return the engines' counters."""
+
+    async def main() -> list[dict]:
+        async with client_for(port, size, feh_enabled=feh_enabled) as client:
+            prompts = [make_request(f"n{i}", prompt_len=40 + 16 * i) for i in range(6)]
+            prompts[1].cache_salt = "tenant"
+            prompts[2].prompt_token_ids = prompts[2].prompt_token_ids[:10]  # shorter than a block
+            for request in prompts:
+                await collect(await client.add_request(request))
+            # Multi-turn: each turn extends the previous one, so the memo gets hits.
+            history = list(range(2000, 4100))
+            for turn in range(4):
+                history = history + list(range(5000 + turn * 700, 5000 + turn * 700 + 700))
+                request = make_request(f"turn{turn}")
+                request.prompt_token_ids = list(history)
+                await collect(await client.add_request(request))
+            if client.hasher is not None:
+                assert client.hasher.memo.stats.hits >= 3
+            return await engine_stats(client)
+
+    with caplog.at_level(logging.INFO, logger="engine_client.client"):
+        threads = [mock_threads(port, [rank], **kw) for rank, kw in enumerate(engines)]
+        for ctx in threads:
+            ctx.__enter__()
+        try:
+            return asyncio.run(main())
+        finally:
+            for ctx in threads:
+                ctx.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_feh_on_when_all_engines_agree(size, caplog) -> None:
+    stats = run_negotiation(free_port(), size, [{"advertise_feh": True}] * size, True, caplog)
+    assert "prompts are hashed by pyfront" in caplog.text
+    assert sum(s["hashes_used"] for s in stats) == 9  # 10 requests, one shorter than a block
+    assert all(s["hashes_mismatched"] == 0 and s["hashes_missing"] == 0 for s in stats)
+
+
+@pytest.mark.parametrize(
+    ("engines", "feh_enabled", "reason"),
+    [
+        ([{"advertise_feh": True}], False, "VLLM_NATIVE_FEH is not set"),
+        ([{"advertise_feh": True}, {}], True, "engine rank 1 does not advertise"),
+        (
+            [{"advertise_feh": True}, {"advertise_feh": True, "feh_block_size": 32}],
+            True,
+            "block_size 32 vs 16",
+        ),
+        (
+            [{"advertise_feh": True}, {"advertise_feh": True, "feh_none_hash": bytes(32)}],
+            True,
+            "none_hash 000000000000.. vs " + default_none_hash()[:6].hex(),
+        ),
+        ([{}], True, "engine rank 0 does not advertise"),
+    ],
+)
+def test_feh_off_when_engines_disagree(engines, feh_enabled, reason, caplog) -> None:
+    stats = run_negotiation(free_port(), len(engines), engines, feh_enabled, caplog)
+    assert reason in caplog.text
+    assert "prompts are sent unhashed" in caplog.text
+    assert all(s["hashes_used"] == 0 and s["hashes_unexpected"] == 0 for s in stats)
+    advertising = [s for s in stats if s["feh_advertised"]]
+    assert all(s["hashes_missing"] > 0 for s in advertising if s["requests"])
+
+
+# ---------------------------------------------------------------- death and stalls
+
+
+@pytest.mark.parametrize("mode", ["sentinel", "silent", "sigkill"])
+def test_engine_death_fails_in_flight_requests_promptly(mode) -> None:
+    port = free_port()
+
+    async def main(victim: subprocess.Popen) -> None:
+        async with client_for(port, 2, feh_enabled=False, ping_interval_s=0.5, stall_timeout_s=5) as client:
+            streams = [await client.add_request(make_request(f"d{i}", max_tokens=100_000)) for i in range(6)]
+            for stream in streams:
+                await stream.get()
+            started = time.monotonic()
+            if mode == "sigkill":
+                os.killpg(victim.pid, signal.SIGKILL)
+            else:
+                with pytest.raises(asyncio.TimeoutError):  # it dies before answering
+                    await client.call_utility("mock_die", mode, rank=0, timeout_s=0.5)
+            doomed = [s for s in streams if s.rank == 0]
+            for stream in doomed:
+                with pytest.raises(EngineDeadError):
+                    while True:
+                        await stream.get()
+            elapsed = time.monotonic() - started
+            assert elapsed < 2.5, f"in-flight requests failed only after {elapsed:.2f}s"
+            assert not client.engines[0].healthy and client.engines[1].healthy
+            assert client.healthy
+            health = client.health()
+            assert health["engines"][0]["healthy"] is False
+            # The survivor keeps serving, and new requests avoid the dead engine.
+            for stream in streams:
+                if stream.rank == 1:
+                    await client.abort([stream.request_id])
+            new = await client.add_request(make_request("after"))
+            assert new.rank == 1
+            await collect(new)
+            with pytest.raises(EngineUnavailableError):
+                await client.add_request(make_request("pinned-dead"), rank=0)
+
+    with mock_process(port, [0]) as victim, mock_process(port, [1]):
+        asyncio.run(main(victim))
+
+
+def test_stalled_engine_fails_requests_then_recovers() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=False, ping_interval_s=0.3, stall_timeout_s=0.6) as client:
+            stream = await client.add_request(make_request("s", max_tokens=100_000))
+            await stream.get()
+            await client.call_utility("mock_stall", 2.5)
+            with pytest.raises(EngineDeadError, match="stalled"):
+                while True:
+                    await stream.get()
+            assert not client.healthy
+            with pytest.raises(EngineUnavailableError):
+                await client.add_request(make_request("while-stalled"))
+            for _ in range(60):
+                await asyncio.sleep(0.1)
+                if client.healthy:
+                    break
+            assert client.healthy, "the engine answers pings again and is back in service"
+            tokens, _ = await collect(await client.add_request(make_request("after")))
+            assert tokens
+            await asyncio.sleep(0.1)
+            (stats,) = await engine_stats(client)
+            assert stats["running"] == 0  # the stalled request was aborted in the engine too
+
+    with mock_threads(port, [0]):
+        asyncio.run(main())
