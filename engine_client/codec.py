@@ -225,7 +225,6 @@ _PLAIN_ENCODER = msgpack.Encoder()
 _DECODERS: dict[Any, Decoder[Any]] = {}
 
 _FEH_HEADER = b"\xdc\x00" + bytes([STOCK_REQUEST_FIELDS + 1])
-_STOCK_HEADER = b"\xdc\x00" + bytes([STOCK_REQUEST_FIELDS])
 _NIL = 0xC0
 
 

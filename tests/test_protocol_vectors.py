@@ -748,3 +748,65 @@ def test_round_trip_through_vllm_msgpack_codec() -> None:
     theirs = outputs_decoder.decode(codec.encode_outputs(ours))
     assert theirs.outputs[0].new_logprobs.logprob_token_ids.tolist() == [[11, 291, 282, 11]]
     assert tuple(theirs.outputs[0].new_prompt_logprobs_tensors.logprobs.shape) == (29, 3)
+
+
+def test_struct_layouts_match_vllm() -> None:
+    """Field order (the wire order), defaults and msgspec options equal vLLM 0.32's own classes."""
+    pytest.importorskip(
+        "vllm",
+        reason="vLLM is not installed in the dev virtualenv; this cross-check runs in a vllm(-cpu) 0.32 venv",
+    )
+    import dataclasses
+
+    from vllm.lora.request import LoRARequest as VLoRARequest
+    from vllm.sampling_params import SamplingParams as VSamplingParams
+    from vllm.sampling_params import StructuredOutputsParams as VStructuredOutputsParams
+    from vllm.v1.engine import EngineCoreEvent as VEngineCoreEvent
+    from vllm.v1.engine import EngineCoreOutput as VOutput
+    from vllm.v1.engine import EngineCoreOutputs as VOutputs
+    from vllm.v1.engine import EngineCoreRequest as VRequest
+    from vllm.v1.engine import UtilityOutput as VUtilityOutput
+    from vllm.v1.engine.utils import EngineHandshakeMetadata as VInit
+    from vllm.v1.engine.utils import EngineZmqAddresses as VAddresses
+    from vllm.v1.metrics.stats import PrefillStats as VPrefillStats
+    from vllm.v1.metrics.stats import PrefixCacheStats as VPrefixCacheStats
+    from vllm.v1.metrics.stats import SchedulerStats as VSchedulerStats
+
+    def wire_names(t: Any) -> list[str]:
+        if isinstance(t, type) and issubclass(t, msgspec.Struct):
+            return list(t.__struct_encode_fields__)
+        return [f.name for f in dataclasses.fields(t)]
+
+    def options(t: type[msgspec.Struct]) -> tuple[bool, bool, bool]:
+        cfg = t.__struct_config__
+        return cfg.array_like, cfg.omit_defaults, cfg.forbid_unknown_fields
+
+    same = [
+        (VSamplingParams, SamplingParams),
+        (VStructuredOutputsParams, None),
+        (VOutput, EngineCoreOutput),
+        (VOutputs, EngineCoreOutputs),
+        (VUtilityOutput, UtilityOutput),
+        (VLoRARequest, LoRARequest),
+        (VEngineCoreEvent, EngineCoreEvent),
+        (VInit, EngineHandshakeMetadata),
+        (VAddresses, EngineZmqAddresses),
+        (VSchedulerStats, SchedulerStats),
+        (VPrefixCacheStats, None),
+        (VPrefillStats, PrefillStats),
+    ]
+    from engine_client import protocol
+
+    for theirs, ours in same:
+        ours = ours or getattr(protocol, theirs.__name__)
+        assert wire_names(ours) == wire_names(theirs), theirs.__name__
+        if issubclass(theirs, msgspec.Struct):
+            assert options(ours) == options(theirs), theirs.__name__
+    assert wire_names(EngineCoreRequest) == [*wire_names(VRequest), "prompt_block_hashes"]
+    assert options(EngineCoreRequest) == options(VRequest)
+    # Defaults decide what omit_defaults leaves out of the SamplingParams map.
+    for name, default in zip(
+        VSamplingParams.__struct_encode_fields__, VSamplingParams.__struct_defaults__, strict=True
+    ):
+        ours_default = SamplingParams.__struct_defaults__[SamplingParams.__struct_encode_fields__.index(name)]
+        assert repr(ours_default) == repr(default) or type(ours_default).__name__ == "Factory", name
