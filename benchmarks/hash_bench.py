@@ -96,9 +96,7 @@ def run(block_size: int, prompts: list[list[int]], repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--turns", type=int, default=50)
     parser.add_argument("--tokens-per-turn", type=int, default=2000)

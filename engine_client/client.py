@@ -276,9 +276,7 @@ class EngineClient:
                 cfg.startup_timeout_s,
             )
         registrations = await self._collect_registrations(deadline)
-        self.engines = [
-            EngineState(rank, engine_identity(rank), registrations[rank]) for rank in sorted(registrations)
-        ]
+        self.engines = [EngineState(rank, engine_identity(rank), registrations[rank]) for rank in sorted(registrations)]
         self.max_model_len = min(int(reg["max_model_len"]) for reg in registrations.values())
         enabled = feh_enabled_by_env() if cfg.feh_enabled is None else cfg.feh_enabled
         self.negotiation = negotiate(registrations, enabled)
@@ -424,9 +422,7 @@ class EngineClient:
         if self.feh_eligible(request):
             if prompt_block_hashes is None:
                 assert self.hasher is not None and request.prompt_token_ids is not None
-                prompt_block_hashes = await self.hasher.hash_prompt(
-                    request.prompt_token_ids, request.cache_salt
-                )
+                prompt_block_hashes = await self.hasher.hash_prompt(request.prompt_token_ids, request.cache_salt)
             request.prompt_block_hashes = prompt_block_hashes
         else:
             request.prompt_block_hashes = None
@@ -626,9 +622,7 @@ class EngineClient:
                 continue
             now = time.monotonic()
             quiet = [
-                e
-                for e in self.engines
-                if e.connected and (not e.healthy or now - e.last_seen >= cfg.ping_interval_s)
+                e for e in self.engines if e.connected and (not e.healthy or now - e.last_seen >= cfg.ping_interval_s)
             ]
             if quiet:
                 await asyncio.gather(*(self._ping(e, cfg.stall_timeout_s) for e in quiet))

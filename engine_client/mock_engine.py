@@ -274,9 +274,7 @@ class MockEngineRank:
         if self._arrivals is not None:
             self._arrivals.write(f"{time.time():.6f} {self.rank} {request.request_id}\n")
         if request.request_id in self.running:
-            logger.error(
-                "rank %d: duplicate request id %s: a real engine dies here", self.rank, request.request_id
-            )
+            logger.error("rank %d: duplicate request id %s: a real engine dies here", self.rank, request.request_id)
             self.die("sentinel")
         self.requests_received += 1
         self.check_hashes(request)
@@ -316,9 +314,7 @@ class MockEngineRank:
         if received == block_hashes(prompt, self.hash_config, request.cache_salt):
             self.hash_counts.used += 1
         else:
-            logger.warning(
-                "rank %d: prompt_block_hashes of %s differ from the recipe", self.rank, request.request_id
-            )
+            logger.warning("rank %d: prompt_block_hashes of %s differ from the recipe", self.rank, request.request_id)
             self.hash_counts.mismatched += 1
 
     def stats(self) -> dict[str, Any]:
@@ -400,12 +396,7 @@ class MockEngineRank:
             for _ in range(cfg.tokens_per_step):
                 position = len(state.output)
                 limit = len(state.script) if state.script is not None else cfg.output_len
-                if (
-                    limit is not None
-                    and position >= limit
-                    and not sp.ignore_eos
-                    and sp.eos_token_id is not None
-                ):
+                if limit is not None and position >= limit and not sp.ignore_eos and sp.eos_token_id is not None:
                     token = sp.eos_token_id
                     finish = protocol.FinishReason.STOP
                 else:
@@ -522,21 +513,52 @@ class MockEngineRank:
             sock.close(0)
 
 
-def run_mock_engine(config: MockConfig, stop: threading.Event | None = None) -> None:
-    """Run every configured rank (one thread each) until `stop` is set or the process is killed."""
-    stop = stop or threading.Event()
-    ctx = zmq.Context()
-    ranks = [MockEngineRank(config, rank, ctx, stop) for rank in config.ranks]
-    threads = [threading.Thread(target=r.run, name=f"mock-rank-{r.rank}", daemon=True) for r in ranks]
-    for thread in threads:
-        thread.start()
-    try:
-        for thread in threads:
+class MockEngine:
+    """Every configured rank on its own thread; `start()`, then `stop()` (or run until killed)."""
+
+    def __init__(self, config: MockConfig) -> None:
+        self.stop_event = threading.Event()
+        self.ctx = zmq.Context()
+        self.ranks = [MockEngineRank(config, rank, self.ctx, self.stop_event) for rank in config.ranks]
+        self.threads = [threading.Thread(target=r.run, name=f"mock-rank-{r.rank}", daemon=True) for r in self.ranks]
+
+    def start(self) -> MockEngine:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [rank.stats() for rank in self.ranks]
+
+    def script(self, *token_lists: Sequence[int]) -> None:
+        """The next requests (one list each, in arrival order on each rank) emit exactly these tokens."""
+        for rank in self.ranks:
+            rank.scripts.extend(list(tokens) for tokens in token_lists)
+
+    def join(self) -> None:
+        for thread in self.threads:
             while thread.is_alive():
                 thread.join(0.2)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(5)
+        self.ctx.term()
+
+
+def run_mock_engine(config: MockConfig, stop: threading.Event | None = None) -> None:
+    """Run every configured rank until `stop` is set or the process is killed."""
+    engine = MockEngine(config)
+    if stop is not None:
+        engine.stop_event = stop
+        for rank in engine.ranks:
+            rank.stop = stop
+    engine.start()
+    try:
+        engine.join()
     finally:
-        stop.set()
-        ctx.term()
+        engine.stop()
 
 
 def load_word_ids(tokenizer_path: str) -> list[int]:

@@ -288,9 +288,7 @@ class WireTensor:
         buf = memoryview(self.data).cast("B")
         if buf.nbytes != count * itemsize:
             need = count * itemsize
-            raise ValueError(
-                f"tensor data is {buf.nbytes} bytes, {self.dtype} of shape {list(shape)} needs {need}"
-            )
+            raise ValueError(f"tensor data is {buf.nbytes} bytes, {self.dtype} of shape {list(shape)} needs {need}")
         if count == 0:
             return _empty_nested(shape) if shape else []
         if fmt == "bf16":
@@ -308,9 +306,7 @@ class WireTensor:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WireTensor):
             return NotImplemented
-        return (self.dtype, self.shape) == (other.dtype, other.shape) and bytes(self.data) == bytes(
-            other.data
-        )
+        return (self.dtype, self.shape) == (other.dtype, other.shape) and bytes(self.data) == bytes(other.data)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
@@ -345,9 +341,7 @@ class LogprobsLists(Struct, array_like=True, gc=False):
 
     def to_plain(self) -> PlainLogprobs:
         """Decode the three arrays into Python lists (no numpy)."""
-        return PlainLogprobs(
-            self.logprob_token_ids.tolist(), self.logprobs.tolist(), self.sampled_token_ranks.tolist()
-        )
+        return PlainLogprobs(self.logprob_token_ids.tolist(), self.logprobs.tolist(), self.sampled_token_ranks.tolist())
 
 
 class LogprobsTensors(Struct, array_like=True, gc=False):
@@ -592,7 +586,7 @@ class SchedulerStats(Struct):
     current_wave: int = 0
     kv_cache_usage: float = 0.0
     iteration_details: Any = None
-    prefix_cache_stats: PrefixCacheStats | None = None
+    prefix_cache_stats: PrefixCacheStats | None = field(default_factory=PrefixCacheStats)
     connector_prefix_cache_stats: Any = None
     kv_cache_eviction_events: list[Any] = field(default_factory=list)
     spec_decoding_stats: Any = None

@@ -122,9 +122,7 @@ def validate_request(request: EngineCoreRequest, max_model_len: int, client_coun
         raise ValueError("the prompt must contain at least one token")
     _check_prompt_ids(prompt)
     if max_model_len and len(prompt) >= max_model_len:
-        raise ValueError(
-            f"the prompt has {len(prompt)} tokens; the engines' max_model_len is {max_model_len}"
-        )
+        raise ValueError(f"the prompt has {len(prompt)} tokens; the engines' max_model_len is {max_model_len}")
     if request.sampling_params is None:
         raise ValueError("sampling_params is required")
     validate_sampling_params(request.sampling_params)

@@ -34,9 +34,7 @@ def salt_extra_keys(cache_salt: str | None) -> tuple[str] | None:
     return (cache_salt,) if cache_salt else None
 
 
-def hash_chain(
-    token_ids: tuple, block_size: int, parent: bytes, extra_keys: tuple[str] | None
-) -> list[bytes]:
+def hash_chain(token_ids: tuple, block_size: int, parent: bytes, extra_keys: tuple[str] | None) -> list[bytes]:
     """Digests of every full block of `token_ids`, chained from `parent`.
 
     `extra_keys` goes on the first block hashed here, so callers that resume a chain mid-prompt pass

@@ -50,6 +50,4 @@ class PromptHasher:
             return None
         if num_tokens <= self._inline_max_tokens:
             return self.hash_prompt_sync(token_ids, cache_salt)
-        return await anyio.to_thread.run_sync(
-            self.hash_prompt_sync, token_ids, cache_salt, limiter=self._limiter
-        )
+        return await anyio.to_thread.run_sync(self.hash_prompt_sync, token_ids, cache_salt, limiter=self._limiter)

@@ -138,9 +138,7 @@ class PrefixMemo:
             rest = hash_chain(tuple(token_ids[start:full]), block_size, reused[-DIGEST_SIZE:], None)
             chain = reused + b"".join(rest)
         else:
-            chain = b"".join(
-                hash_chain(tuple(token_ids[:full]), block_size, self.config.none_hash, extra_keys)
-            )
+            chain = b"".join(hash_chain(tuple(token_ids[:full]), block_size, self.config.none_hash, extra_keys))
 
         with self._lock:
             self._requests += 1

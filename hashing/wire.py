@@ -34,9 +34,7 @@ def unpack_block_hashes(blob: bytes, block_size: int, num_prompt_tokens: int) ->
     """
     blob = bytes(blob)
     if len(blob) < HEADER_SIZE:
-        raise ValueError(
-            f"prompt_block_hashes is {len(blob)} bytes, shorter than its {HEADER_SIZE}-byte header"
-        )
+        raise ValueError(f"prompt_block_hashes is {len(blob)} bytes, shorter than its {HEADER_SIZE}-byte header")
     magic, blob_block_size = _HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise ValueError(f"prompt_block_hashes has magic {magic!r}, expected {MAGIC!r}")

@@ -452,9 +452,7 @@ def build_qwen3_tokenizer(out_dir: Path, *, ranks_path: Path | None = None) -> P
     out_dir.mkdir(parents=True, exist_ok=True)
     ranks = load_qwen_ranks(ranks_path)
     if len(ranks) != QWEN3_FIRST_ADDED_ID or sorted(ranks.values()) != list(range(len(ranks))):
-        raise ValueError(
-            f"expected {QWEN3_FIRST_ADDED_ID} dense ranks in the Qwen tiktoken file, got {len(ranks)}"
-        )
+        raise ValueError(f"expected {QWEN3_FIRST_ADDED_ID} dense ranks in the Qwen tiktoken file, got {len(ranks)}")
     merges = recover_merges(ranks)
     vocab = {_to_unicode(token): rank for token, rank in sorted(ranks.items(), key=lambda item: item[1])}
     str_merges = [(_to_unicode(left), _to_unicode(right)) for left, right in merges]

@@ -18,9 +18,7 @@ from server import bundled_tokenizer as bt
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-SPECIAL_TOKENS = {
-    content: bt.QWEN3_FIRST_ADDED_ID + i for i, (content, _) in enumerate(bt.QWEN3_ADDED_TOKENS)
-}
+SPECIAL_TOKENS = {content: bt.QWEN3_FIRST_ADDED_ID + i for i, (content, _) in enumerate(bt.QWEN3_ADDED_TOKENS)}
 SPECIAL_RE = re.compile("|".join(re.escape(t) for t in sorted(SPECIAL_TOKENS, key=len, reverse=True)))
 
 SAMPLES = [
@@ -270,9 +268,7 @@ def test_chat_plain_with_generation_prompt(hf_tokenizer) -> None:
         {"role": "user", "content": "Hello"},
     ]
     assert _render(hf_tokenizer, messages, add_generation_prompt=True) == (
-        "<|im_start|>system\nYou are helpful.<|im_end|>\n"
-        "<|im_start|>user\nHello<|im_end|>\n"
-        "<|im_start|>assistant\n"
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
     )
     assert _render(hf_tokenizer, messages, add_generation_prompt=True, enable_thinking=True) == _render(
         hf_tokenizer, messages, add_generation_prompt=True
@@ -336,9 +332,7 @@ def test_chat_tools_without_system_and_call_after_text(hf_tokenizer) -> None:
         {
             "role": "assistant",
             "content": "Checking.",
-            "tool_calls": [
-                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-            ],
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
         },
     ]
     assert _render(hf_tokenizer, messages, tools=TOOLS) == (

@@ -76,9 +76,7 @@ def mock_process(port: int, ranks: list[int], *args: str) -> Iterator[subprocess
 
 @asynccontextmanager
 async def client_for(port: int, size: int, **kwargs) -> AsyncIterator[EngineClient]:
-    config = EngineClientConfig(
-        data_parallel_rpc_port=port, data_parallel_size=size, startup_timeout_s=20, **kwargs
-    )
+    config = EngineClientConfig(data_parallel_rpc_port=port, data_parallel_size=size, startup_timeout_s=20, **kwargs)
     client = await EngineClient.start(config)
     try:
         yield client
@@ -146,10 +144,7 @@ def test_eos_stop_token_and_logprobs() -> None:
             plain = outputs[0].new_logprobs.to_plain()
             assert plain.token_ids[0][0] == outputs[0].new_token_ids[0] and len(plain.token_ids[0]) == 3
             prompt = outputs[0].new_prompt_logprobs_tensors.to_plain()
-            assert (
-                len(prompt.token_ids) == 49
-                and prompt.token_ids[0][0] == make_request("x").prompt_token_ids[1]
-            )
+            assert len(prompt.token_ids) == 49 and prompt.token_ids[0][0] == make_request("x").prompt_token_ids[1]
 
     with mock_threads(port, [0], output_len=3):
         asyncio.run(main())

@@ -70,9 +70,7 @@ def test_spec_table_values() -> None:
     cfg = HashConfig.default(32)
     tokens = list(range(1000, 1064))
     assert cfg.none_hash.hex() == "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198"
-    assert block_hashes(tokens, cfg)[1].hex() == (
-        "3b69946cbf3e2624320dcf826abb99a18eb0ff1af9504282483b51bb134f02d2"
-    )
+    assert block_hashes(tokens, cfg)[1].hex() == ("3b69946cbf3e2624320dcf826abb99a18eb0ff1af9504282483b51bb134f02d2")
     assert block_hashes(tokens, cfg, "abc")[1].hex() == (
         "3a98ba998c76068058ce48b95c9576de19540df3d25bf60aea0e77037d255491"
     )
@@ -80,9 +78,7 @@ def test_spec_table_values() -> None:
 
 def test_none_hash_follows_pythonhashseed(monkeypatch) -> None:
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    assert hashing.default_none_hash().hex() == (
-        "1973e23848344dc43a988a9b478663803cfffe1243480253f9a3cf004b14aa7c"
-    )
+    assert hashing.default_none_hash().hex() == ("1973e23848344dc43a988a9b478663803cfffe1243480253f9a3cf004b14aa7c")
     monkeypatch.delenv("PYTHONHASHSEED")
     assert hashing.default_none_hash() == reference_none_hash()
 
@@ -127,15 +123,11 @@ def test_hash_config_is_frozen_and_comparable() -> None:
 salts = st.one_of(st.none(), st.just(""), st.text(alphabet="abcXYZ019-_", max_size=12), st.text(max_size=12))
 int32_ids = st.integers(min_value=0, max_value=INT32_MAX)
 # Ids cluster around the pickle encoding boundaries (1-, 2- and 4-byte BININT) as well as spread widely.
-boundary_ids = st.sampled_from(
-    [0, 1, 255, 256, 257, 65535, 65536, 65537, 151643, 2**24, INT32_MAX - 1, INT32_MAX]
-)
+boundary_ids = st.sampled_from([0, 1, 255, 256, 257, 65535, 65536, 65537, 151643, 2**24, INT32_MAX - 1, INT32_MAX])
 token_lists = st.lists(st.one_of(int32_ids, boundary_ids), max_size=5000)
 
 
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(tokens=token_lists, block_size=st.integers(min_value=1, max_value=256), salt=salts)
 def test_block_hashes_match_reference(tokens, block_size, salt) -> None:
     cfg = config(block_size)
@@ -200,10 +192,7 @@ def test_empty_salt_is_no_salt() -> None:
     cfg = config(2)
     assert block_hashes([1, 2, 3, 4], cfg, "") == block_hashes([1, 2, 3, 4], cfg)
     assert block_hashes([1, 2, 3, 4], cfg, "x") != block_hashes([1, 2, 3, 4], cfg)
-    assert (
-        block_hashes([1, 2, 3, 4], cfg, "é")[0]
-        == reference_block_hashes([1, 2, 3, 4], 2, cfg.none_hash, "é")[0]
-    )
+    assert block_hashes([1, 2, 3, 4], cfg, "é")[0] == reference_block_hashes([1, 2, 3, 4], 2, cfg.none_hash, "é")[0]
 
 
 def test_other_none_hash_changes_every_block() -> None:
@@ -270,13 +259,9 @@ def _conversation_turns(rng: random.Random, turns: int) -> list[tuple[list[int],
 def test_memo_equals_plain_over_random_conversations(seed, block_size) -> None:
     rng = random.Random(seed * 1000 + block_size)
     cfg = config(block_size)
-    memo = PrefixMemo(
-        cfg, checkpoint_tokens=rng.choice([64, 256, 1024]), max_entries=rng.choice([2, 8, 1024])
-    )
+    memo = PrefixMemo(cfg, checkpoint_tokens=rng.choice([64, 256, 1024]), max_entries=rng.choice([2, 8, 1024]))
     for tokens, salt in _conversation_turns(rng, 30 if block_size > 1 else 8):
-        assert memo.block_hashes(tokens, salt) == reference_block_hashes(
-            tokens, block_size, cfg.none_hash, salt
-        )
+        assert memo.block_hashes(tokens, salt) == reference_block_hashes(tokens, block_size, cfg.none_hash, salt)
     stats = memo.stats
     assert stats.hits > 0
     assert stats.blocks_hashed < stats.blocks_total
@@ -336,8 +321,7 @@ def test_memo_from_eight_threads_at_once() -> None:
     base = [rng.randrange(0, 151_000) for _ in range(4000)]
     prompts = [
         (
-            base[: rng.randrange(0, 4000)]
-            + [rng.randrange(0, 151_000) for _ in range(rng.randrange(0, 600))],
+            base[: rng.randrange(0, 4000)] + [rng.randrange(0, 151_000) for _ in range(rng.randrange(0, 600))],
             rng.choice([None, "s"]),
         )
         for _ in range(64)

@@ -202,10 +202,7 @@ def normalize_expected(value: Any, frames: list[bytes]) -> Any:
             return bytes.fromhex(value["$hex"])
         if set(value) == {"$bin"}:
             return bytes.fromhex(value["$bin"])
-        return {
-            (int(k[5:]) if k.startswith("$int:") else k): normalize_expected(v, frames)
-            for k, v in value.items()
-        }
+        return {(int(k[5:]) if k.startswith("$int:") else k): normalize_expected(v, frames) for k, v in value.items()}
     if isinstance(value, list):
         if _is_tensor(value):
             dtype, shape, data = value
@@ -369,11 +366,7 @@ def test_outputs_finish_reasons() -> None:
     assert rep.finished_requests == ["r-rep"]
     abort = decode_vector("outputs_engine_side_abort").outputs[0]
     assert abort.new_token_ids == [] and str(FinishReason(abort.finish_reason)) == "abort"
-    assert (
-        finish_reason_name(None) is None
-        and finish_reason_name(3) == "error"
-        and finish_reason_name(9) == "error"
-    )
+    assert finish_reason_name(None) is None and finish_reason_name(3) == "error" and finish_reason_name(9) == "error"
     assert not decode_vector("outputs_tokens_only").outputs[0].finished
 
 
@@ -431,9 +424,7 @@ def test_stats_and_utility_outputs() -> None:
     assert ok.call_id == 7649578736594653681 and ok.failure_message is None
     assert ok.result.result == ["generate"] and ok.result.type_info is None
     reply = UtilityOutput.success(1234605616436508552, ["generate"])  # what a mock engine builds
-    assert codec.encode_outputs(EngineCoreOutputs(0, [], None, 12345.678, reply)) == frames_of(
-        "outputs_utility_result"
-    )
+    assert codec.encode_outputs(EngineCoreOutputs(0, [], None, 12345.678, reply)) == frames_of("outputs_utility_result")
     failed = decode_vector("real_utility_failure").utility_output
     assert failed.result is None and failed.failure_message.startswith("Call to no_such_method method failed")
     assert decode_vector("outputs_wave_complete").wave_complete == 4
@@ -570,9 +561,7 @@ def test_malformed_inputs_are_rejected() -> None:
         codec.decode_input([b"\x04", b"\x90"])
     with pytest.raises(ValueError):
         codec.decode_input([REQUEST_TYPE_ADD])
-    pickled = msgspec.msgpack.encode(
-        ["x", [1], None, None, None, 1.0, None, None, None, msgspec.msgpack.Ext(1, b"")]
-    )
+    pickled = msgspec.msgpack.encode(["x", [1], None, None, None, 1.0, None, None, None, msgspec.msgpack.Ext(1, b"")])
     with pytest.raises((msgspec.ValidationError, msgspec.DecodeError), match="pickle"):
         codec.decode_request(pickled)
     bad_index = msgspec.msgpack.encode([0, [["r", [1], [["<i4", [1, 64], 3], ["<f4", [1, 64], 4], None]]]])
@@ -637,9 +626,7 @@ def test_tensor_tolist_rejects_bad_input() -> None:
 
 def test_request_prompt_embeds_tensor_goes_to_aux_frame() -> None:
     embeds = WireTensor("bfloat16", (4, 64), bytes(range(256)) * 2)
-    req = EngineCoreRequest(
-        "e", None, None, SamplingParams(max_tokens=4), None, 1.0, None, None, None, embeds
-    )
+    req = EngineCoreRequest("e", None, None, SamplingParams(max_tokens=4), None, 1.0, None, None, None, embeds)
     frames = codec.encode_add(req, block_hashes=False)
     assert len(frames) == 3 and frames[2] is embeds.data
     decoded = codec.decode_input(frames)
@@ -648,9 +635,7 @@ def test_request_prompt_embeds_tensor_goes_to_aux_frame() -> None:
 
 def test_minimal_add_matches_spec_annotation() -> None:
     """The annotated minimal ADD of spec 2.1, byte for byte."""
-    sp = SamplingParams(
-        max_tokens=4, stop=[], stop_token_ids=[], bad_words=[], skip_reading_prefix_cache=False
-    )
+    sp = SamplingParams(max_tokens=4, stop=[], stop_token_ids=[], bad_words=[], skip_reading_prefix_cache=False)
     req = EngineCoreRequest("r1", [1, 2, 3], None, sp, None, 1.0, None, None, None)
     payload = codec.encode_add(req, block_hashes=False)[1]
     expected = (
@@ -715,9 +700,7 @@ def test_round_trip_through_vllm_msgpack_codec() -> None:
             assert theirs.sampling_params.max_tokens == ours.sampling_params.max_tokens
             assert theirs.sampling_params.temperature == ours.sampling_params.temperature
             assert theirs.sampling_params._eos_token_id == ours.sampling_params.eos_token_id
-            assert set(theirs.sampling_params._all_stop_token_ids) == set(
-                ours.sampling_params.all_stop_token_ids
-            )
+            assert set(theirs.sampling_params._all_stop_token_ids) == set(ours.sampling_params.all_stop_token_ids)
             assert theirs.external_req_id == ours.external_req_id
             # vLLM re-encodes what it decoded from our 22-element frames to the same bytes.
             if len(msgspec.msgpack.decode(frames[1])) == 22:
@@ -735,9 +718,7 @@ def test_round_trip_through_vllm_msgpack_codec() -> None:
     ids = np.arange(4 * 21, dtype=np.int32).reshape(4, 21)
     logprobs = -np.linspace(0.0, 8.0, 4 * 21, dtype=np.float32).reshape(4, 21)
     ranks = np.array([1, 3, 1, 2], dtype=np.int64)
-    v_out = VOutput(
-        request_id="r", new_token_ids=[1, 2, 3, 4], new_logprobs=VLogprobsLists(ids, logprobs, ranks, None)
-    )
+    v_out = VOutput(request_id="r", new_token_ids=[1, 2, 3, 4], new_logprobs=VLogprobsLists(ids, logprobs, ranks, None))
     frames = list(vllm_encoder.encode(VOutputs(engine_index=0, outputs=[v_out])))
     assert len(frames) == 3
     plain = codec.decode_outputs(frames).outputs[0].new_logprobs.to_plain()

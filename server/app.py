@@ -1,0 +1,392 @@
+"""The ASGI application: routes, middleware, start-up and shutdown.
+
+`create_app(config)` is what `pyfront serve` runs; `uvicorn server.app:create_app --factory` builds the
+config from PYFRONT_* environment variables instead. Requests are parsed with msgspec (no pydantic on the
+request path); FastAPI supplies routing and the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from importlib.metadata import version
+from typing import Any
+
+import anyio.to_thread
+import msgspec
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine_client.client import EngineClient, EngineClientConfig
+from server import openai_types, serving
+from server.config import ServerConfig
+from server.errors import APIError, error_response
+from server.metrics import Metrics
+from server.openai_types import RequestValidationError
+from server.serving import CompletionBatch, Generation, ServingState
+from server.sse import SSEResponse
+from server.tokenizer import Tokenizer
+
+logger = logging.getLogger("pyfront.server")
+
+PYFRONT_VERSION = version("pyfront")
+_encode = msgspec.json.encode
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(_encode(body), status_code=status, media_type="application/json")
+
+
+# ---------------------------------------------------------------------- middleware
+
+
+class APIKeyMiddleware:
+    """Every route needs `Authorization: Bearer <key>` except /health (and /metrics unless told otherwise).
+
+    Keys are compared with hmac.compare_digest against every configured key, so the time taken does not
+    depend on how much of a key matched.
+    """
+
+    def __init__(self, app: ASGIApp, keys: list[str], open_paths: set[str]) -> None:
+        self.app = app
+        self.keys = [k.encode() for k in keys]
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+                break
+        token = given[7:] if given[:7].lower() == b"bearer " else b""
+        ok = False
+        for key in self.keys:
+            ok |= hmac.compare_digest(token, key)
+        if not ok:
+            await error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer ...)")(
+                scope, receive, send
+            )
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over `limit` bytes with 413, by Content-Length or while reading."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+        received = 0
+        limit = self.limit
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_response(413, f"request body exceeds the {self.limit}-byte limit")(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------- start-up
+
+
+class MockEngineProcess:
+    """The bundled mock engine, started by `--mock-engine` so the server works with no GPU."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        ranks = [str(r) for r in range(config.data_parallel_size)]
+        cmd = [sys.executable, "-m", "engine_client.mock_engine",
+               "--handshake-address", f"tcp://{config.data_parallel_address}:{config.data_parallel_rpc_port}",
+               "--ranks", *ranks, "--max-model-len", str(config.max_model_len or 32768),
+               "--log-level", "WARNING", *config.mock_engine_args]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+async def _start_engine(state: ServingState, config: ServerConfig) -> None:
+    try:
+        state.engine = await EngineClient.start(
+            EngineClientConfig(
+                data_parallel_address=config.data_parallel_address,
+                data_parallel_rpc_port=config.data_parallel_rpc_port,
+                data_parallel_size=config.data_parallel_size,
+                startup_timeout_s=config.engine_startup_timeout,
+                ping_interval_s=config.engine_ping_interval,
+                stall_timeout_s=config.engine_stall_timeout,
+            )
+        )
+        logger.info("%d engine(s) admitted; max_model_len %d", config.data_parallel_size, state.engine.max_model_len)
+    except Exception as exc:
+        state.engine_error = str(exc)
+        logger.error("engine start-up failed: %s", exc)
+
+
+def create_app(config: ServerConfig | None = None) -> FastAPI:
+    """The application; with no config, settings come from PYFRONT_* environment variables."""
+    config = config or ServerConfig.from_env()
+    tokenizer = Tokenizer(config.tokenizer_name, chat_template=config.chat_template)
+    state = ServingState(
+        tokenizer=tokenizer,
+        metrics=None,  # type: ignore[arg-type]  # set below: needs the engine's memo lazily
+        model_names=config.model_names,
+        max_model_len_override=config.max_model_len,
+        allow_request_chat_template=config.trust_request_chat_template,
+    )
+    state.metrics = Metrics(
+        config.model_names[0], lambda: state.engine.hasher.memo.stats if state.engine and state.engine.hasher else None
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        mock = MockEngineProcess(config) if config.mock_engine else None
+        starter = asyncio.create_task(_start_engine(state, config))
+        try:
+            yield
+        finally:
+            starter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starter
+            if state.engine is not None:
+                await state.engine.close()
+            if mock is not None:
+                mock.stop()
+
+    app = FastAPI(title="pyfront", version=PYFRONT_VERSION, lifespan=lifespan)
+    app.state.serving = state
+    app.state.config = config
+    _add_routes(app, state)
+    _add_error_handlers(app, state)
+    open_paths = {"/health", "/ping"} | (set() if config.metrics_require_api_key else {"/metrics"})
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, keys=config.api_key, open_paths=open_paths)
+    if config.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"], allow_headers=["*"]
+        )
+    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_body_bytes)
+    return app
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def _add_error_handlers(app: FastAPI, state: ServingState) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> Response:
+        state.metrics.error(exc.status)
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        state.metrics.error(400)
+        return error_response(400, str(exc), getattr(exc, "param", None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        message = "Not Found" if exc.status_code == 404 else str(exc.detail)
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        error = serving.engine_error_to_api(exc)
+        if error.status >= 500:
+            logger.exception("request failed", exc_info=exc)
+        state.metrics.error(error.status)
+        return error_response(error.status, error.message, error.param, error.headers)
+
+
+# ---------------------------------------------------------------------- routes
+
+
+def _request_body_schema(name: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        }
+    }
+
+
+def _add_routes(app: FastAPI, state: ServingState) -> None:
+    def header_request_id(request: Request) -> str | None:
+        return request.headers.get("x-request-id")
+
+    @app.post("/v1/chat/completions", openapi_extra=_request_body_schema("ChatCompletionRequest"))
+    async def chat_completions(request: Request) -> Response:
+        body = openai_types.decode_chat_request(
+            await request.body(), allow_request_chat_template=state.allow_request_chat_template
+        )
+        model = state.check_model(body.model)
+        state.require_engine()
+        prompt_ids = await serving.render_chat(state, body)
+        base = serving.base_request_id(header_request_id(request), body.request_id)
+        response_id = f"chatcmpl-{base}"
+        generation = await serving.prepare(state, body, prompt_ids, base_id=response_id, streaming=bool(body.stream))
+        headers = {"x-request-id": base}
+        if body.stream:
+            return SSEResponse(serving.chat_stream(state, body, generation, response_id, model), headers)
+        result = await serving.chat_full(state, body, generation, response_id, model)
+        return Response(_encode(result), media_type="application/json", headers=headers)
+
+    @app.post("/v1/completions", openapi_extra=_request_body_schema("CompletionRequest"))
+    async def completions(request: Request) -> Response:
+        body = openai_types.decode_completion_request(await request.body())
+        model = state.check_model(body.model)
+        state.require_engine()
+        prompts = await serving.tokenize_completion_prompts(state, body)
+        base = serving.base_request_id(header_request_id(request), body.request_id)
+        response_id = f"cmpl-{base}"
+        generations: list[Generation] = []
+        try:
+            for i, prompt_ids in enumerate(prompts):
+                sub_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
+                generations.append(
+                    await serving.prepare(state, body, prompt_ids, base_id=sub_id, streaming=bool(body.stream))
+                )
+        except BaseException:
+            for generation in generations:
+                await generation.abort()
+            raise
+        echo_texts = [state.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
+        batch = CompletionBatch(generations, echo_texts, body.n or 1)
+        headers = {"x-request-id": base}
+        if body.stream:
+            return SSEResponse(serving.completion_stream(state, body, batch, response_id, model), headers)
+        result = await serving.completion_full(state, body, batch, response_id, model)
+        return Response(_encode(result), media_type="application/json", headers=headers)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": state.created,
+                "owned_by": "pyfront",
+                "root": state.tokenizer.name,
+                "parent": None,
+                "max_model_len": state.max_model_len or None,
+                "permission": [],
+            }
+            for name in state.model_names
+        ]
+        return json_response({"object": "list", "data": data})
+
+    @app.get("/health")
+    async def health() -> Response:
+        engine = state.engine
+        if engine is None:
+            detail = {"healthy": False, "status": state.engine_error or "starting"}
+            return json_response(detail, 503)
+        report = engine.health()
+        return json_response(report, 200 if report["healthy"] else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        engine = state.engine
+        if engine is not None:
+            state.metrics.running.set(engine.num_in_flight)
+            state.metrics.waiting.set(sum(e.num_waiting for e in engine.engines))
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/version")
+    async def version_route() -> Response:
+        return json_response({"version": PYFRONT_VERSION})
+
+    @app.get("/load")
+    async def load() -> Response:
+        engine = state.engine
+        return json_response({"server_load": engine.num_in_flight if engine is not None else 0})
+
+    @app.post("/tokenize", openapi_extra=_request_body_schema("TokenizeRequest"))
+    async def tokenize(request: Request) -> Response:
+        body = openai_types.decode_tokenize_request(await request.body())
+        state.check_model(body.model)
+        if body.messages is not None:
+            chat = openai_types.ChatCompletionRequest(
+                messages=body.messages,
+                model=body.model,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                chat_template_kwargs=body.chat_template_kwargs,
+                tools=body.tools,
+            )
+            ids = await serving.render_chat(state, chat)
+        elif body.prompt is not None:
+            prompt = body.prompt
+            ids = await anyio.to_thread.run_sync(
+                lambda: state.tokenizer.encode(prompt, add_special_tokens=body.add_special_tokens)
+            )
+        else:
+            raise APIError(400, "either prompt or messages is required")
+        result: dict[str, Any] = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        if body.return_token_strs:
+            result["token_strs"] = state.tokenizer.hf.convert_ids_to_tokens(ids)
+        return json_response(result)
+
+    @app.post("/detokenize", openapi_extra=_request_body_schema("DetokenizeRequest"))
+    async def detokenize(request: Request) -> Response:
+        body = openai_types.decode_detokenize_request(await request.body())
+        state.check_model(body.model)
+        vocab = state.tokenizer.vocab_size
+        if not all(0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        text = await anyio.to_thread.run_sync(lambda: state.tokenizer.decode(body.tokens))
+        return json_response({"prompt": text})
+
+    original_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = original_openapi()
+            components = openai_types.openapi_components()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

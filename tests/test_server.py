@@ -1,0 +1,347 @@
+"""The HTTP server end to end: the official openai client against pyfront and the mock engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from engine_client.mock_engine import MockConfig, MockEngine
+from server.app import create_app
+from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from server.config import ServerConfig
+
+MODEL = "qwen3-test"
+API_KEY = "sk-test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Harness:
+    base_url: str
+    mock: MockEngine
+    app: object
+
+    def client(self, **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=API_KEY, max_retries=0, **kwargs)
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=API_KEY, max_retries=0)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+
+    def mock_totals(self) -> dict:
+        totals: dict = {}
+        for stats in self.mock.stats():
+            for key, value in stats.items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    totals[key] = totals.get(key, 0) + value
+        return totals
+
+
+def start_server(config: ServerConfig) -> tuple[uvicorn.Server, threading.Thread]:
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{config.port}/health", timeout=1).status_code == 200:
+                return server, thread
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("server did not become healthy")
+
+
+@pytest.fixture(scope="module")
+def harness(monkeypatch_module) -> Iterator[Harness]:
+    monkeypatch_module.setenv("VLLM_NATIVE_FEH", "1")
+    rpc_port, http_port = free_port(), free_port()
+    mock = MockEngine(
+        MockConfig(
+            handshake_address=f"tcp://127.0.0.1:{rpc_port}",
+            ranks=[0],
+            step_interval_s=0.002,
+            output_len=12,
+            max_model_len=4096,
+            advertise_feh=True,
+        )
+    ).start()
+    config = ServerConfig(
+        model=BUNDLED_TOKENIZER_NAME,
+        served_model_name=[MODEL],
+        port=http_port,
+        api_key=[API_KEY],
+        data_parallel_rpc_port=rpc_port,
+        engine_startup_timeout=20,
+        max_request_body_bytes=1024 * 1024,
+    )
+    server, thread = start_server(config)
+    try:
+        yield Harness(f"http://127.0.0.1:{http_port}", mock, server.config.app)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        mock.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def chat(harness: Harness, content: str = "Hello!", **kwargs):
+    return harness.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], **kwargs
+    )
+
+
+# ---------------------------------------------------------------- happy paths
+
+
+def test_chat_non_streaming(harness: Harness) -> None:
+    response = chat(harness, max_tokens=5)
+    choice = response.choices[0]
+    assert response.object == "chat.completion"
+    assert response.model == MODEL
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason == "length"
+    assert len(choice.message.content.split()) == 5  # five whole-word tokens
+    assert response.usage.completion_tokens == 5
+    assert response.usage.prompt_tokens > 5
+    assert response.usage.total_tokens == response.usage.prompt_tokens + 5
+
+
+def test_chat_stops_on_eos(harness: Harness) -> None:
+    response = chat(harness, max_tokens=100)
+    assert response.choices[0].finish_reason == "stop"
+    assert response.usage.completion_tokens in (12, 13)  # 12 words, then EOS (counted like vLLM)
+    assert "<|im_end|>" not in response.choices[0].message.content
+
+
+def test_chat_streaming_matches_non_streaming(harness: Harness) -> None:
+    full = chat(harness, "same prompt", max_tokens=8).choices[0].message.content
+    stream = chat(harness, "same prompt", max_tokens=8, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].choices == []
+
+
+def test_async_client_stream_and_not(harness: Harness) -> None:
+    async def main() -> None:
+        client = harness.async_client()
+        response = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "async"}], max_tokens=4
+        )
+        assert response.usage.completion_tokens == 4
+        stream = await client.completions.create(model=MODEL, prompt="Once upon", max_tokens=4, stream=True)
+        texts = [c.choices[0].text async for c in stream]
+        assert "".join(texts).strip()
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_completions(harness: Harness) -> None:
+    client = harness.client()
+    response = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=6)
+    assert response.object == "text_completion"
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 6
+    echoed = client.completions.create(model=MODEL, prompt="Echo me", max_tokens=2, echo=True)
+    assert echoed.choices[0].text.startswith("Echo me")
+    batch = client.completions.create(model=MODEL, prompt=["first", "second"], max_tokens=2)
+    assert sorted(c.index for c in batch.choices) == [0, 1]
+    ids = client.completions.create(model=MODEL, prompt=[9707, 1879], max_tokens=2)
+    assert ids.usage.prompt_tokens == 2
+
+
+def test_n_two(harness: Harness) -> None:
+    response = chat(harness, "two answers", n=2, max_tokens=4, seed=3)
+    assert sorted(c.index for c in response.choices) == [0, 1]
+    assert response.usage.completion_tokens == 8
+    stream = chat(harness, "two answers", n=2, max_tokens=4, seed=3, stream=True)
+    texts = {0: "", 1: ""}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == {c.index: c.message.content for c in response.choices}
+
+
+def test_logprobs(harness: Harness) -> None:
+    response = chat(harness, "logprobs please", max_tokens=3, logprobs=True, top_logprobs=2)
+    content = response.choices[0].logprobs.content
+    assert len(content) == 3
+    assert "".join(entry.token for entry in content) == response.choices[0].message.content
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
+    completion = harness.client().completions.create(model=MODEL, prompt="lp", max_tokens=3, logprobs=2)
+    lp = completion.choices[0].logprobs
+    assert len(lp.tokens) == 3 and len(lp.token_logprobs) == 3 and len(lp.top_logprobs[0]) >= 2
+
+
+def test_stop_string_across_tokens_aborts_engine(harness: Harness) -> None:
+    full = chat(harness, "stop test", max_tokens=10).choices[0].message.content
+    words = full.split(" ")
+    # A stop string that starts inside one token and ends inside the next.
+    stop = words[2][-2:] + " " + words[3][:2]
+    before = harness.mock_totals()["aborts"]
+    for stream in (False, True):
+        response = chat(harness, "stop test", max_tokens=10, stop=[stop, "never-matches"], stream=stream)
+        if stream:
+            chunks = list(response)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        else:
+            text = response.choices[0].message.content
+            finish = [response.choices[0].finish_reason]
+        assert text == full[: full.index(stop)]
+        assert finish == ["stop"]
+    time.sleep(0.2)
+    assert harness.mock_totals()["aborts"] - before >= 1
+
+
+def test_multibyte_characters_split_over_tokens(harness: Harness) -> None:
+    tokenizer = harness.app.state.serving.tokenizer
+    text = "héllo 世界 🎉 ok"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > len(text.split())  # some characters span several tokens
+    for stream in (False, True):
+        harness.mock.script(ids)
+        response = chat(harness, "script", max_tokens=50, stream=stream)
+        if stream:
+            deltas = [c.choices[0].delta.content or "" for c in response if c.choices]
+            assert all("\ufffd" not in d for d in deltas)
+            got = "".join(deltas)
+        else:
+            got = response.choices[0].message.content
+        assert got == text
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "fragment"),
+    [
+        ({"messages": "not a list"}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "model": "no-such-model"}, 404, "does not exist"),
+        ({"messages": [{"role": "user", "content": "x " * 5000}]}, 400, "context length"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400, "max_tokens"),
+    ],
+)
+def test_bad_requests(harness: Harness, payload: dict, status: int, fragment: str) -> None:
+    payload = {"model": MODEL, **payload}
+    with harness.http() as http:
+        response = http.post("/v1/chat/completions", json=payload)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert fragment in error["message"] or fragment == error.get("param")
+    assert error["code"] == status
+
+
+def test_malformed_json_bad_key_unknown_route_big_body(harness: Harness) -> None:
+    with harness.http() as http:
+        response = http.post("/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+        assert response.status_code == 400 and "error" in response.json()
+        assert http.get("/v1/nothing-here").status_code == 404
+        big = http.post("/v1/completions", content=b"x" * (2 * 1024 * 1024))
+        assert big.status_code == 413 and big.json()["error"]["code"] == 413
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{harness.base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(f"{harness.base_url}/health").status_code == 200  # open without a key
+    assert httpx.get(f"{harness.base_url}/v1/models").status_code == 401
+
+
+def test_models_version_tokenize_detokenize_load_metrics(harness: Harness) -> None:
+    models = harness.client().models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    with harness.http() as http:
+        assert http.get("/version").json()["version"]
+        tokens = http.post("/tokenize", json={"model": MODEL, "prompt": "Hello world"}).json()
+        assert tokens["tokens"] == [9707, 1879] and tokens["count"] == 2
+        assert http.post("/detokenize", json={"model": MODEL, "tokens": [9707, 1879]}).json()["prompt"] == "Hello world"
+        assert http.get("/load").json() == {"server_load": 0}
+        metrics = http.get("/metrics").text
+        assert "vllm:time_to_first_token_seconds" in metrics
+        assert "vllm:request_success_total" in metrics
+        assert "pyfront:feh_memo_hits_total" in metrics
+        assert http.get("/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]
+
+
+def test_client_disconnect_aborts_engine_request(harness: Harness) -> None:
+    before = harness.mock_totals()
+    with (
+        harness.http() as http,
+        http.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True, "ignore_eos": True},
+        ) as response,
+    ):
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        totals = harness.mock_totals()
+        if totals["aborts"] > before["aborts"] and totals["running"] == 0:
+            break
+        time.sleep(0.05)
+    totals = harness.mock_totals()
+    assert totals["aborts"] == before["aborts"] + 1
+    assert totals["running"] == 0
+
+
+# ---------------------------------------------------------------- FEH through the server
+
+
+def test_multi_turn_chat_hashes_verified_and_memo_hits(harness: Harness) -> None:
+    before = harness.mock_totals()
+    messages = [{"role": "system", "content": "You are a helpful assistant. " * 80}]
+    for turn in range(5):
+        messages.append({"role": "user", "content": f"Question {turn}: " + "tell me more about it. " * 40})
+        reply = harness.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    totals = harness.mock_totals()
+    assert totals["hashes_used"] - before["hashes_used"] == 5
+    assert totals["hashes_mismatched"] == 0 and totals["hashes_missing"] == 0
+    with harness.http() as http:
+        metrics = http.get("/metrics").text
+    hits = [line for line in metrics.splitlines() if line.startswith("pyfront:feh_memo_hits_total")]
+    assert hits and float(hits[0].split()[-1]) >= 4
+
+
+def test_request_id_header_round_trips(harness: Harness) -> None:
+    with harness.http() as http:
+        response = http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "id"}], "max_tokens": 1},
+            headers={"X-Request-Id": "my-id-123"},
+        )
+    assert response.status_code == 200
+    assert response.json()["id"] == "chatcmpl-my-id-123"
+    assert json.loads(response.text)["choices"][0]["finish_reason"] == "length"
