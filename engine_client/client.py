@@ -162,9 +162,27 @@ class RequestStream:
         await self._wait()
         return self._buffer.popleft()
 
-    async def drain(self) -> list[EngineCoreOutput]:
-        """Every output received so far (at least one), oldest first."""
-        await self._wait()
+    async def drain(self, timeout: float | None = None) -> list[EngineCoreOutput]:
+        """Every output received so far, oldest first: at least one, or none if `timeout` seconds pass first.
+
+        The timeout is a timer on the waiter, not a cancellation, so it costs a call_later and loses
+        nothing: the server uses it for SSE keep-alives and request deadlines.
+        """
+        if timeout is None:
+            await self._wait()
+        elif not self._buffer:
+            if self._error is not None:
+                raise self._error
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                timer.cancel()
+            if not self._buffer and self._error is not None:
+                raise self._error
         outputs = list(self._buffer)
         self._buffer.clear()
         return outputs
@@ -179,6 +197,11 @@ class RequestStream:
         if output.finish_reason is not None:
             self.finished = True
         return output
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _is_loopback(host: str) -> bool:

@@ -27,7 +27,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine_client.client import EngineClient, EngineClientConfig
+from engine_client.client import EngineClient, EngineClientConfig, EngineError
 from server import openai_types, serving
 from server.config import ServerConfig
 from server.errors import APIError, error_response
@@ -176,6 +176,9 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         model_names=config.model_names,
         max_model_len_override=config.max_model_len,
         allow_request_chat_template=config.trust_request_chat_template,
+        max_in_flight=config.max_num_seqs_in_flight or None,
+        request_timeout_s=config.request_timeout or None,
+        sse_keepalive_s=config.sse_keep_alive_interval or None,
     )
     state.metrics = Metrics(
         config.model_names[0], lambda: state.engine.hasher.memo.stats if state.engine and state.engine.hasher else None
@@ -201,7 +204,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.state.config = config
     _add_routes(app, state)
     _add_error_handlers(app, state)
-    open_paths = {"/health", "/ping"} | (set() if config.metrics_require_api_key else {"/metrics"})
+    open_paths = {"/health", "/ready"} | (set() if config.metrics_require_api_key else {"/metrics"})
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, keys=config.api_key, open_paths=open_paths)
     if config.allowed_origins:
@@ -230,6 +233,17 @@ def _add_error_handlers(app: FastAPI, state: ServingState) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         message = "Not Found" if exc.status_code == 404 else str(exc.detail)
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    async def mapped(_: Request, exc: Exception) -> Response:
+        """Errors with a known meaning (engine gone, deadline passed, bad value): an OpenAI error body."""
+        error = serving.engine_error_to_api(exc)
+        state.metrics.error(error.status)
+        return error_response(error.status, error.message, error.param, error.headers)
+
+    # Handlers for specific classes run in Starlette's ExceptionMiddleware and answer cleanly; a handler
+    # for Exception runs in ServerErrorMiddleware, which re-raises after answering (for real bugs only).
+    for kind in (serving.DeadlineExceeded, EngineError, ValueError):
+        app.add_exception_handler(kind, mapped)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> Response:
@@ -263,42 +277,62 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
         )
         model = state.check_model(body.model)
         state.require_engine()
-        prompt_ids = await serving.render_chat(state, body)
-        base = serving.base_request_id(header_request_id(request), body.request_id)
-        response_id = f"chatcmpl-{base}"
-        generation = await serving.prepare(state, body, prompt_ids, base_id=response_id, streaming=bool(body.stream))
-        headers = {"x-request-id": base}
-        if body.stream:
-            return SSEResponse(serving.chat_stream(state, body, generation, response_id, model), headers)
-        result = await serving.chat_full(state, body, generation, response_id, model)
-        return Response(_encode(result), media_type="application/json", headers=headers)
+        deadline = state.deadline(request.headers.get("x-request-timeout"))
+        admission = state.admit(body.n or 1)
+        try:
+            prompt_ids = await serving.render_chat(state, body)
+            base = serving.base_request_id(header_request_id(request), body.request_id)
+            response_id = f"chatcmpl-{base}"
+            generation = await serving.prepare(
+                state, body, prompt_ids, base_id=response_id, streaming=bool(body.stream), deadline=deadline
+            )
+            headers = {"x-request-id": base}
+            if body.stream:
+                frames = serving.chat_stream(state, body, generation, response_id, model)
+                streamed, admission = admission, None
+                return SSEResponse(streamed.guard(frames), headers)
+            result = await serving.chat_full(state, body, generation, response_id, model)
+            return Response(_encode(result), media_type="application/json", headers=headers)
+        finally:
+            if admission is not None:
+                admission.release()
 
     @app.post("/v1/completions", openapi_extra=_request_body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
         body = openai_types.decode_completion_request(await request.body())
         model = state.check_model(body.model)
         state.require_engine()
+        deadline = state.deadline(request.headers.get("x-request-timeout"))
         prompts = await serving.tokenize_completion_prompts(state, body)
-        base = serving.base_request_id(header_request_id(request), body.request_id)
-        response_id = f"cmpl-{base}"
-        generations: list[Generation] = []
+        admission = state.admit((body.n or 1) * len(prompts))
         try:
-            for i, prompt_ids in enumerate(prompts):
-                sub_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
-                generations.append(
-                    await serving.prepare(state, body, prompt_ids, base_id=sub_id, streaming=bool(body.stream))
-                )
-        except BaseException:
-            for generation in generations:
-                await generation.abort()
-            raise
-        echo_texts = [state.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
-        batch = CompletionBatch(generations, echo_texts, body.n or 1)
-        headers = {"x-request-id": base}
-        if body.stream:
-            return SSEResponse(serving.completion_stream(state, body, batch, response_id, model), headers)
-        result = await serving.completion_full(state, body, batch, response_id, model)
-        return Response(_encode(result), media_type="application/json", headers=headers)
+            base = serving.base_request_id(header_request_id(request), body.request_id)
+            response_id = f"cmpl-{base}"
+            generations: list[Generation] = []
+            try:
+                for i, prompt_ids in enumerate(prompts):
+                    sub_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
+                    generations.append(
+                        await serving.prepare(
+                            state, body, prompt_ids, base_id=sub_id, streaming=bool(body.stream), deadline=deadline
+                        )
+                    )
+            except BaseException:
+                for generation in generations:
+                    await generation.abort()
+                raise
+            echo_texts = [state.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
+            batch = CompletionBatch(generations, echo_texts, body.n or 1)
+            headers = {"x-request-id": base}
+            if body.stream:
+                frames = serving.completion_stream(state, body, batch, response_id, model)
+                streamed, admission = admission, None
+                return SSEResponse(streamed.guard(frames), headers)
+            result = await serving.completion_full(state, body, batch, response_id, model)
+            return Response(_encode(result), media_type="application/json", headers=headers)
+        finally:
+            if admission is not None:
+                admission.release()
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -325,6 +359,14 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
             return json_response(detail, 503)
         report = engine.health()
         return json_response(report, 200 if report["healthy"] else 503)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: 503 until every engine has been admitted (and while none is healthy)."""
+        engine = state.engine
+        if engine is None or not engine.healthy:
+            return json_response({"ready": False, "status": state.engine_error or "starting"}, 503)
+        return json_response({"ready": True})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -7,10 +7,12 @@ something pyfront does not do (they are listed, so the error says why rather tha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib.metadata import version
 
 from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
@@ -70,6 +72,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="an engine silent this long (and not answering pings) is taken out of service",
     )
+    serve.add_argument(
+        "--max-num-seqs-in-flight",
+        type=int,
+        default=4096,
+        help="engine requests admitted at once; beyond it 503 + Retry-After (0: no limit)",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=0.0,
+        help="seconds before a request is aborted with 504 (0: none; X-Request-Timeout asks less)",
+    )
+    serve.add_argument(
+        "--sse-keep-alive-interval",
+        type=float,
+        default=15.0,
+        help="seconds of stream silence before an SSE keep-alive comment (0: off)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, seconds for in-flight requests to finish before they are aborted",
+    )
     serve.add_argument("--metrics-require-api-key", action="store_true", help="guard /metrics with --api-key too")
     serve.add_argument("--mock-engine", action="store_true", help="start the bundled mock engine (no GPU needed)")
     serve.add_argument(
@@ -117,13 +143,41 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         data_parallel_size=args.data_parallel_size,
         engine_startup_timeout=args.engine_startup_timeout,
         engine_stall_timeout=args.engine_stall_timeout,
+        max_num_seqs_in_flight=args.max_num_seqs_in_flight,
+        request_timeout=args.request_timeout,
+        sse_keep_alive_interval=args.sse_keep_alive_interval,
+        shutdown_timeout=args.shutdown_timeout,
         mock_engine=args.mock_engine,
         mock_engine_args=mock_args,
     )
 
 
+def _graceful_server_class():  # uvicorn is imported lazily: `pyfront --help` stays fast
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn, except that SIGTERM/SIGINT end in exit code 0 after the drain.
+
+        uvicorn re-raises the signal once it has shut down, so the process would die "killed by
+        SIGTERM"; a drained, clean shutdown is a success for process supervisors.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer
+
+
 def serve(config: ServerConfig) -> None:
     import uvicorn
+
+    _GracefulServer = _graceful_server_class()
 
     from server.app import create_app
 
@@ -137,15 +191,18 @@ def serve(config: ServerConfig) -> None:
         + f'-d \'{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
         flush=True,
     )
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.uvicorn_log_level,
-        loop="uvloop",
-        http="httptools",
-        timeout_graceful_shutdown=30,
+    server = _GracefulServer(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.uvicorn_log_level,
+            loop="uvloop",
+            http="httptools",
+            timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
+        )
     )
+    server.run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,14 @@ class ServerConfig:
     engine_startup_timeout: float = 600.0
     engine_ping_interval: float = 2.0
     engine_stall_timeout: float = 30.0
+    max_num_seqs_in_flight: int = 4096
+    """Engine requests (choices) admitted at once by this process; beyond it, 503 with Retry-After. 0: no limit."""
+    request_timeout: float = 0.0
+    """Seconds before a request is aborted and answered with 504; 0: none. X-Request-Timeout can ask for less."""
+    sse_keep_alive_interval: float = 15.0
+    """Seconds of silence before a stream gets an SSE comment, so proxies keep long prefills open; 0: off."""
+    shutdown_timeout: float = 30.0
+    """On SIGTERM, seconds to let in-flight requests finish before they are aborted."""
     mock_engine: bool = False
     mock_engine_args: list[str] = field(default_factory=list)
     enable_log_requests: bool = False

@@ -87,6 +87,10 @@ class Metrics:
                                       [*labels, "status"], registry=r)  # fmt: skip
         self.feh_requests = Counter("pyfront:feh_requests", "Requests sent with or without front-end block hashes",
                                     [*labels, "hashed"], registry=r)  # fmt: skip
+        self.rejected = Counter(
+            "pyfront:requests_rejected", "Requests refused before reaching an engine, by reason",
+            [*labels, "reason"], registry=r,
+        )  # fmt: skip
         if not multiproc:
             r.register(_MemoCollector(memo_stats, model_name))
 

@@ -69,6 +69,11 @@ class ServingState:
     model_names: list[str]
     max_model_len_override: int | None
     allow_request_chat_template: bool = False
+    max_in_flight: int | None = None
+    """Engine requests (choices) this process admits at once; beyond it, 503 + Retry-After."""
+    request_timeout_s: float | None = None
+    sse_keepalive_s: float | None = 15.0
+    active: int = 0
     engine: EngineClient | None = None
     engine_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -89,12 +94,66 @@ class ServingState:
             raise APIError(503, "no healthy engine is available", headers={"Retry-After": "5"})
         return engine
 
+    def admit(self, count: int) -> Admission:
+        """Reserve room for `count` engine requests, or refuse with 503 (never queue without bound)."""
+        if self.max_in_flight is not None and self.active + count > self.max_in_flight:
+            self.metrics.rejected.labels(self.metrics.model_name, "overload").inc()
+            raise APIError(
+                503,
+                f"the server is at capacity ({self.max_in_flight} requests in flight); retry later",
+                headers={"Retry-After": "1"},
+            )
+        self.active += count
+        return Admission(self, count)
+
+    def deadline(self, header: str | None) -> float | None:
+        """The request's deadline: X-Request-Timeout (seconds) capped by --request-timeout."""
+        timeout = self.request_timeout_s
+        if header is not None:
+            try:
+                asked = float(header)
+            except ValueError:
+                raise APIError(
+                    400, "X-Request-Timeout must be a number of seconds", param="X-Request-Timeout"
+                ) from None
+            if not asked > 0:
+                raise APIError(400, "X-Request-Timeout must be positive", param="X-Request-Timeout")
+            timeout = asked if timeout is None else min(asked, timeout)
+        return None if timeout is None else time.monotonic() + timeout
+
     def check_model(self, model: str | None) -> str:
         if model is None or model == "":
             return self.model_names[0]
         if model not in self.model_names:
             raise APIError(404, f"The model `{model}` does not exist.", param="model")
         return model
+
+
+class Admission:
+    """A reservation of in-flight capacity; `release()` is idempotent."""
+
+    __slots__ = ("count", "state")
+
+    def __init__(self, state: ServingState, count: int) -> None:
+        self.state = state
+        self.count = count
+
+    def release(self) -> None:
+        if self.count:
+            self.state.active -= self.count
+            self.count = 0
+
+    async def guard(self, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Hold the reservation for as long as a streamed response runs."""
+        try:
+            async for chunk in frames:
+                yield chunk
+        finally:
+            self.release()
+            aclose = getattr(frames, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
 
 
 def base_request_id(header_id: str | None, body_id: str | None) -> str:
@@ -125,6 +184,13 @@ class Choice:
     text_offset: int = 0
 
 
+class DeadlineExceeded(Exception):
+    """The request's deadline (--request-timeout or the X-Request-Timeout header) passed."""
+
+
+KEEPALIVE_FRAME = b": keep-alive\n\n"
+
+
 class Generation:
     """The engine requests behind one HTTP request (n choices), and their clean-up."""
 
@@ -140,8 +206,14 @@ class Generation:
         n: int,
         text_factory,
         external_id: str,
+        deadline: float | None = None,
+        keepalive: float | None = None,
     ) -> None:
         self.state = state
+        self.deadline = deadline
+        """time.monotonic() after which the request is aborted and answered with an error."""
+        self.keepalive = keepalive
+        """Seconds without output after which the stream gets a keep-alive tick (None in the events)."""
         self.engine = state.require_engine()
         self.prompt_ids = prompt_ids
         self.params = params
@@ -249,22 +321,35 @@ class Generation:
             usage["prompt_tokens_details"] = {"cached_tokens": max(cached)}
         return usage
 
-    @staticmethod
-    async def choice_outputs(choice: Choice) -> AsyncIterator[EngineCoreOutput]:
-        """One choice's engine outputs until its final one, or until the choice is done here."""
+    async def choice_outputs(self, choice: Choice) -> AsyncIterator[EngineCoreOutput | None]:
+        """One choice's engine outputs until its final one, or until the choice is done here.
+
+        Yields None when `keepalive` seconds pass without output; raises DeadlineExceeded at the deadline.
+        """
         stream = choice.stream
         assert stream is not None
+        keepalive, deadline = self.keepalive, self.deadline
         while not choice.done:
+            timeout = keepalive
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineExceeded("the request deadline passed before the engine finished")
+                timeout = remaining if timeout is None else min(timeout, remaining)
             try:
-                outputs = await stream.drain()
+                outputs = await stream.drain(timeout)
             except RequestAbortedError:
                 return  # aborted here (a stop string matched): nothing more to read
+            if not outputs:
+                if keepalive is not None:
+                    yield None
+                continue
             for output in outputs:
                 yield output
                 if output.finish_reason is not None or choice.done:
                     return
 
-    async def events(self) -> AsyncIterator[tuple[Choice, EngineCoreOutput]]:
+    async def events(self) -> AsyncIterator[tuple[Choice, EngineCoreOutput | None]]:
         """Every engine output of every choice, as it arrives; ends when all choices are done."""
         choices = [c for c in self.choices if c.stream is not None]
         if len(choices) == 1:
@@ -311,6 +396,8 @@ async def merge(sources: list[tuple[Any, AsyncIterator[Any]]]) -> AsyncIterator[
 def engine_error_to_api(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, DeadlineExceeded):
+        return APIError(504, f"request timed out: {exc}")
     if isinstance(exc, EngineUnavailableError):
         return APIError(503, str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, EngineDeadError):
@@ -403,6 +490,7 @@ async def prepare(
     *,
     base_id: str,
     streaming: bool,
+    deadline: float | None = None,
 ) -> Generation:
     check_prompt_len(state, len(prompt_ids))
     tok = state.tokenizer
@@ -427,6 +515,8 @@ async def prepare(
         n=request.n or 1,
         text_factory=make_text_factory(state, params),
         external_id=base_id,
+        deadline=deadline,
+        keepalive=state.sse_keepalive_s if streaming else None,
     )
     await generation.start()
     return generation
@@ -451,7 +541,8 @@ async def chat_full(
 ) -> dict:
     try:
         async for choice, output in generation.events():
-            generation.on_output(choice, output)
+            if output is not None:
+                generation.on_output(choice, output)
     except BaseException:
         await generation.abort()
         raise
@@ -525,6 +616,9 @@ async def chat_stream(
                 }
             )
         async for choice, output in generation.events():
+            if output is None:
+                yield KEEPALIVE_FRAME
+                continue
             rows_before = choice.text.num_tokens
             delta = generation.on_output(choice, output)
             logprobs = None
@@ -654,7 +748,7 @@ class CompletionBatch:
         completion = sum(c.text.num_tokens for g in self.generations for c in g.choices)
         return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
 
-    async def events(self) -> AsyncIterator[tuple[int, Generation, Choice, EngineCoreOutput]]:
+    async def events(self) -> AsyncIterator[tuple[int, Generation, Choice, EngineCoreOutput | None]]:
         if len(self.generations) == 1:
             async for choice, output in self.generations[0].events():
                 yield 0, self.generations[0], choice, output
@@ -668,7 +762,8 @@ async def completion_full(
 ) -> dict:
     try:
         async for _, generation, choice, output in batch.events():
-            generation.on_output(choice, output)
+            if output is not None:
+                generation.on_output(choice, output)
     except BaseException:
         await batch.abort()
         raise
@@ -723,6 +818,9 @@ async def completion_stream(
                         }
                     )
         async for p, generation, choice, output in batch.events():
+            if output is None:
+                yield KEEPALIVE_FRAME
+                continue
             index = batch.index(p, choice)
             rows_before = choice.text.num_tokens
             delta = generation.on_output(choice, output)
