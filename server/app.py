@@ -126,6 +126,15 @@ class _BodyTooLarge(Exception):
 # ---------------------------------------------------------------------- start-up
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent dies (no-op elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class MockEngineProcess:
     """The bundled mock engine, started by `--mock-engine` so the server works with no GPU."""
 
@@ -135,7 +144,9 @@ class MockEngineProcess:
                "--handshake-address", f"tcp://{config.data_parallel_address}:{config.data_parallel_rpc_port}",
                "--ranks", *ranks, "--max-model-len", str(config.max_model_len or 32768),
                "--log-level", "WARNING", *config.mock_engine_args]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, start_new_session=True)
+        # Its own session (a Ctrl-C in the terminal is for pyfront, which stops it in order), and it dies
+        # with pyfront even when pyfront is SIGKILLed (PR_SET_PDEATHSIG), so it is never orphaned.
+        self.proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -155,6 +166,11 @@ async def _start_engine(state: ServingState, config: ServerConfig) -> None:
                 data_parallel_address=config.data_parallel_address,
                 data_parallel_rpc_port=config.data_parallel_rpc_port,
                 data_parallel_size=config.data_parallel_size,
+                client_index=config.client_index,
+                client_count=config.client_count,
+                run_handshake=config.client_count == 1,
+                input_address=config.engine_input_address,
+                output_address=config.engine_output_address,
                 startup_timeout_s=config.engine_startup_timeout,
                 ping_interval_s=config.engine_ping_interval,
                 stall_timeout_s=config.engine_stall_timeout,
@@ -176,6 +192,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         model_names=config.model_names,
         max_model_len_override=config.max_model_len,
         allow_request_chat_template=config.trust_request_chat_template,
+        api_server_index=config.client_index,
         max_in_flight=config.max_num_seqs_in_flight or None,
         request_timeout_s=config.request_timeout or None,
         sse_keepalive_s=config.sse_keep_alive_interval or None,
@@ -358,6 +375,8 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
             detail = {"healthy": False, "status": state.engine_error or "starting"}
             return json_response(detail, 503)
         report = engine.health()
+        report["pid"] = os.getpid()
+        report["api_server_index"] = state.api_server_index
         return json_response(report, 200 if report["healthy"] else 503)
 
     @app.get("/ready")

@@ -7,12 +7,9 @@ something pyfront does not do (they are listed, so the error says why rather tha
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
-import signal
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from importlib.metadata import version
 
 from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
@@ -71,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=30.0,
         help="an engine silent this long (and not answering pings) is taken out of service",
+    )
+    serve.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="API server processes sharing the port, each its own engine client (needs an explicit --port)",
     )
     serve.add_argument(
         "--max-num-seqs-in-flight",
@@ -147,67 +150,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         request_timeout=args.request_timeout,
         sse_keep_alive_interval=args.sse_keep_alive_interval,
         shutdown_timeout=args.shutdown_timeout,
+        api_server_count=args.api_server_count,
         mock_engine=args.mock_engine,
         mock_engine_args=mock_args,
     )
 
 
-def _graceful_server_class():  # uvicorn is imported lazily: `pyfront --help` stays fast
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """uvicorn, except that SIGTERM/SIGINT end in exit code 0 after the drain.
-
-        uvicorn re-raises the signal once it has shut down, so the process would die "killed by
-        SIGTERM"; a drained, clean shutdown is a success for process supervisors.
-        """
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return GracefulServer
-
-
-def serve(config: ServerConfig) -> None:
-    import uvicorn
-
-    _GracefulServer = _graceful_server_class()
-
-    from server.app import create_app
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = create_app(config)
-    name = config.model_names[0]
-    print(
-        f"pyfront: serving {name!r} on http://{config.host}:{config.port}; try:\n"
-        f"  curl http://{config.host}:{config.port}/v1/chat/completions -H 'Content-Type: application/json' "
-        + ("-H 'Authorization: Bearer $KEY' " if config.api_key else "")
-        + f'-d \'{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
-        flush=True,
-    )
-    server = _GracefulServer(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.uvicorn_log_level,
-            loop="uvloop",
-            http="httptools",
-            timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
-        )
-    )
-    server.run()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        from server.launcher import serve
+
         serve(config_from_args(args))
     return 0
 

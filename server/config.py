@@ -40,6 +40,12 @@ class ServerConfig:
     """Seconds of silence before a stream gets an SSE comment, so proxies keep long prefills open; 0: off."""
     shutdown_timeout: float = 30.0
     """On SIGTERM, seconds to let in-flight requests finish before they are aborted."""
+    api_server_count: int = 1
+    client_index: int = 0
+    """Set by the launcher for each API server process, as are the three fields below."""
+    client_count: int = 1
+    engine_input_address: str | None = None
+    engine_output_address: str | None = None
     mock_engine: bool = False
     mock_engine_args: list[str] = field(default_factory=list)
     enable_log_requests: bool = False

@@ -91,8 +91,31 @@ class Metrics:
             "pyfront:requests_rejected", "Requests refused before reaching an engine, by reason",
             [*labels, "reason"], registry=r,
         )  # fmt: skip
-        if not multiproc:
+        self._memo_gauges: dict[str, Gauge] | None = None
+        if multiproc:
+            # Collectors cannot read other processes' memos: each process publishes its own counters.
+            self._memo_gauges = {
+                field: Gauge(name, doc, labels, registry=r, multiprocess_mode="livesum").labels(model_name)
+                for field, name, doc in (
+                    ("requests", "pyfront:feh_memo_requests_total", "Prompts looked up in the block-hash memo"),
+                    ("hits", "pyfront:feh_memo_hits_total", "Prompts that reused an earlier prompt's block hashes"),
+                    ("blocks_total", "pyfront:feh_blocks_total", "Full prompt blocks of hashed prompts"),
+                    ("blocks_hashed", "pyfront:feh_blocks_hashed_total", "Blocks actually hashed"),
+                    ("entries", "pyfront:feh_memo_entries", "Prompts held in the block-hash memo"),
+                )
+            }
+        else:
             r.register(_MemoCollector(memo_stats, model_name))
+        self._memo_stats = memo_stats
+
+    def publish_memo(self) -> None:
+        """Multiprocess mode only: copy this process's memo counters into the shared gauges."""
+        if self._memo_gauges is None:
+            return
+        stats = self._memo_stats()
+        if stats is not None:
+            for field, gauge in self._memo_gauges.items():
+                gauge.set(getattr(stats, field))
 
     def finished(self, reason: str) -> None:
         self.success.labels(self.model_name, reason).inc()

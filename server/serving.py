@@ -69,6 +69,7 @@ class ServingState:
     model_names: list[str]
     max_model_len_override: int | None
     allow_request_chat_template: bool = False
+    api_server_index: int = 0
     max_in_flight: int | None = None
     """Engine requests (choices) this process admits at once; beyond it, 503 + Retry-After."""
     request_timeout_s: float | None = None
@@ -259,6 +260,7 @@ class Generation:
             await self.abort()
             raise
         self.state.metrics.prompt_tokens.inc(len(self.prompt_ids))
+        self.state.metrics.publish_memo()
 
     async def abort(self) -> None:
         """Abort every unfinished engine request (shielded: runs inside cancelled scopes too)."""
@@ -600,25 +602,29 @@ async def chat_stream(
         )
         for c in generation.choices
     }
+    # As vLLM, a choice's role chunk goes out with its first engine output, not before: clients time
+    # the first token from the first chunk that has choices.
+    role_pending = {c.index for c in generation.choices}
     try:
-        for choice in generation.choices:
-            yield frame(
-                {
-                    **head,
-                    "choices": [
-                        {
-                            "index": choice.index,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
         async for choice, output in generation.events():
             if output is None:
                 yield KEEPALIVE_FRAME
                 continue
+            if choice.index in role_pending:
+                role_pending.discard(choice.index)
+                yield frame(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": choice.index,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
             rows_before = choice.text.num_tokens
             delta = generation.on_output(choice, output)
             logprobs = None

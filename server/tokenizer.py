@@ -6,6 +6,7 @@ server calls it through `anyio.to_thread`, never on the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,6 +71,10 @@ class Tokenizer:
             ours: generation[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if theirs in generation
         }
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
+        if self.has_chat_template:
+            # Compile the template now: the first chat requests would otherwise pay for it (tens of ms).
+            with contextlib.suppress(Exception):
+                self.render_chat([{"role": "user", "content": "warm-up"}])
 
     # ------------------------------------------------------------------ text <-> ids
 

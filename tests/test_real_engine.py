@@ -639,3 +639,180 @@ def test_protocol_roundtrip_with_vllm_codec(vllm_venv: Path) -> None:
     assert len(passed) > 50
     for name in ("test_round_trip_through_vllm_msgpack_codec", "test_struct_layouts_match_vllm"):
         assert any(nodeid.endswith(f"::{name}") for nodeid in passed), f"{name} did not run under vLLM"
+
+
+# ------------------------------------------------------------------------ 5. vLLM's load generator -> pyfront
+
+BENCH_NUM_PROMPTS = 50
+BENCH_INPUT_LEN = 128
+BENCH_OUTPUT_LEN = 32
+BENCH_CONCURRENCY = 8
+BENCH_TIMEOUT_S = 600.0
+
+
+def _start_pyfront_mock(model_dir: Path, http_port: int, rpc_port: int, log_path: Path) -> real_engine.Handle:
+    """`pyfront serve MODEL --mock-engine` as its own process group (pyfront starts the mock engine itself)."""
+    argv = [sys.executable, "-m", "server.cli", "serve", str(model_dir), "--mock-engine",
+            "--host", "127.0.0.1", "--port", str(http_port), "--data-parallel-rpc-port", str(rpc_port),
+            "--served-model-name", "tiny", "--mock-engine-args", "--step-interval 0.005"]  # fmt: skip
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_offline_env(),
+            start_new_session=True,
+            close_fds=True,
+        )
+    return real_engine.Handle(
+        kind="pyfront", pid=proc.pid, log_path=log_path, argv=argv, rpc_port=rpc_port, http_port=http_port, proc=proc
+    )
+
+
+def _children(pid: int) -> list[tuple[int, int, str]]:
+    """(pid, pgid, cmdline) of the live children of `pid`, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        state, ppid, pgid = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(ppid) == pid and state != "Z":
+            out.append((int(entry), int(pgid), cmdline.strip()))
+    return out
+
+
+def _bench_summary(stdout: str) -> str:
+    """vLLM's result table: from the ' Serving Benchmark Result ' banner to the closing '=' line."""
+    lines = stdout.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "Serving Benchmark Result" in ln), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start + 1, len(lines)) if re.fullmatch(r"=+", lines[i].strip())), len(lines) - 1)
+    return "\n".join(lines[start : end + 1])
+
+
+@pytest.mark.real_engine
+def test_vllm_bench_serve_against_pyfront(tiny_model: Path, vllm_venv: Path, tokenizer, tmp_path: Path) -> None:
+    """`vllm bench serve` (vLLM 0.32's own load generator, streaming, random dataset) against
+    `pyfront serve --mock-engine`, on the completions and the chat endpoints: every request succeeds,
+    pyfront's usage counts the prompt tokens as vLLM's tokenizer does and every answer has exactly
+    max_tokens tokens (--ignore-eos). pyfront is then stopped with SIGTERM and must take its mock down."""
+    http, rpc = _ports(2)
+    pyfront_log = tmp_path / "pyfront.log"
+    # The chat template's tokens around one user message (Qwen3: <|im_start|>user\n ... <|im_end|>\n
+    # <|im_start|>assistant\n): a chat prompt of BENCH_INPUT_LEN content tokens is this much longer.
+    template = tokenizer.apply_chat_template(
+        [{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False
+    )
+    chat_overhead = len(tokenizer.encode(template, add_special_tokens=False))
+    runs = {
+        # name: (backend, endpoint, prompt tokens pyfront must count per request, chunks with choices per
+        # stream). Each token comes in a chunk of its own (the mock makes one token per step); a chat stream
+        # starts with the role chunk (delta {"role": "assistant", "content": ""}), as vLLM's own does, and
+        # vLLM's client times TTFT to the first chunk with choices, so the role chunk counts too. (vLLM sends
+        # the role chunk with the engine's first output; pyfront sends it before that, so the chat TTFT here is
+        # the time to pyfront's role chunk, not to the first token.)
+        "completions": ("openai", "/v1/completions", BENCH_INPUT_LEN, BENCH_OUTPUT_LEN),
+        "chat": ("openai-chat", "/v1/chat/completions", BENCH_INPUT_LEN + chat_overhead, BENCH_OUTPUT_LEN + 1),
+    }
+    t_test = time.monotonic()
+    with managed_processes() as procs:
+        pyfront = procs.add(_start_pyfront_mock(tiny_model, http, rpc, pyfront_log))
+        waited = real_engine.wait_healthy(pyfront, timeout=STARTUP_TIMEOUT_S)
+        print(f"\npyfront healthy after {waited:.1f} s; log {pyfront_log}")
+        mocks = [c for c in _children(pyfront.pid) if "engine_client.mock_engine" in c[2]]
+        assert len(mocks) == 1, f"expected one mock engine child of pyfront, found {mocks}"
+        mock_pid, mock_pgid, mock_cmd = mocks[0]
+        # The mock runs in a session of its own (server/app.py: start_new_session): pyfront's group signal
+        # does not reach it, pyfront's shutdown must stop it. Tracked here so the finally stops it anyway.
+        mock = procs.add(
+            real_engine.Handle(kind="pyfront's mock engine", pid=mock_pgid, log_path=pyfront_log, argv=[mock_cmd],
+                               rpc_port=rpc)
+        )  # fmt: skip
+        assert mock_pgid in (mock_pid, pyfront.pgid)
+
+        base_url = f"http://127.0.0.1:{http}"
+        for name, (backend, endpoint, prompt_len, chunks) in runs.items():
+            result_dir = tmp_path / f"bench-{name}"
+            cmd = [str(vllm_venv / "bin" / "vllm"), "bench", "serve",
+                   "--backend", backend, "--base-url", base_url, "--endpoint", endpoint,
+                   "--model", "tiny", "--tokenizer", str(tiny_model),
+                   "--dataset-name", "random", "--random-input-len", str(BENCH_INPUT_LEN),
+                   "--random-output-len", str(BENCH_OUTPUT_LEN), "--num-prompts", str(BENCH_NUM_PROMPTS),
+                   "--max-concurrency", str(BENCH_CONCURRENCY), "--ignore-eos", "--seed", "0",
+                   "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+                   "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(result_dir),
+                   "--result-filename", "result.json"]  # fmt: skip
+            env = _offline_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+            env.pop("OPENAI_API_KEY", None)
+            posts_before = len(re.findall(rf'"POST {re.escape(endpoint)} HTTP/1.1" 200', pyfront_log.read_text()))
+            t0 = time.monotonic()
+            proc = subprocess.run(
+                cmd, cwd=tmp_path, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S, env=env
+            )  # fmt: skip
+            took = time.monotonic() - t0
+            (tmp_path / f"bench-{name}.stdout").write_text(proc.stdout)
+            (tmp_path / f"bench-{name}.stderr").write_text(proc.stderr)
+            summary = _bench_summary(proc.stdout)
+            summary_path = tmp_path / f"bench-{name}-summary.txt"
+            summary_path.write_text(f"$ {' '.join(cmd)}\n{summary}\n")
+            print(f"\n$ {' '.join(cmd)}\n({took:.1f} s, exit {proc.returncode}; summary in {summary_path})\n{summary}")
+
+            pyfront_log_text = pyfront_log.read_text(errors="replace")
+            # vLLM's stderr ends with nanobind's (harmless) leak report at exit: left out.
+            stderr = [ln for ln in proc.stderr.splitlines() if "nanobind" not in ln and "leaked" not in ln]
+            context = (
+                f"vllm bench serve ({name}) exit {proc.returncode}\n--- stdout tail:\n"
+                + "\n".join(proc.stdout.splitlines()[-40:])
+                + "\n--- stderr tail:\n"
+                + "\n".join(stderr[-40:])
+                + f"\n--- pyfront log tail ({pyfront_log}):\n"
+                + "\n".join(pyfront_log_text.splitlines()[-40:])
+            )
+            assert proc.returncode == 0, context
+            assert re.search(r"^Failed requests:\s+0\s*$", proc.stdout, re.M), context
+            assert re.search(rf"^Successful requests:\s+{BENCH_NUM_PROMPTS}\s*$", proc.stdout, re.M), context
+
+            result = json.loads((result_dir / "result.json").read_text())
+            errors = [e for e in result["errors"] if e]
+            assert result["completed"] == BENCH_NUM_PROMPTS and result["failed"] == 0, f"{errors[:5]}\n{context}"
+            assert not errors, f"{errors[:5]}\n{context}"
+            # Usage as pyfront reported it (vLLM's client takes completion_tokens and prompt_tokens from the
+            # final usage chunk of each stream).
+            assert result["output_lens"] == [BENCH_OUTPUT_LEN] * BENCH_NUM_PROMPTS, result["output_lens"]
+            assert result["total_output_tokens"] == BENCH_NUM_PROMPTS * BENCH_OUTPUT_LEN
+            assert result["input_lens"] == [prompt_len] * BENCH_NUM_PROMPTS, result["input_lens"]
+            assert result["total_input_tokens"] == BENCH_NUM_PROMPTS * prompt_len
+            assert all(text.strip() for text in result["generated_texts"]), "an empty answer"
+            assert [len(itl) for itl in result["itls"]] == [chunks - 1] * BENCH_NUM_PROMPTS
+            assert all(t > 0 for t in result["ttfts"])
+            # The load reached pyfront, and pyfront answered nothing but 200s (GET /health answers 503 until
+            # the engine is admitted: not counted).
+            posts = len(re.findall(rf'"POST {re.escape(endpoint)} HTTP/1.1" 200', pyfront_log_text)) - posts_before
+            assert posts == BENCH_NUM_PROMPTS, f"pyfront logged {posts} POST {endpoint} 200s\n{context}"
+            bad = [ln for ln in re.findall(r'^.*" [45]\d\d .*$', pyfront_log_text, re.M) if "GET /health " not in ln]
+            assert not bad, f"pyfront answered errors: {bad[:10]}\n{context}"
+            assert "Traceback" not in pyfront_log_text, context
+            assert pyfront.alive() and mock.alive(), context
+
+        # Orderly stop: SIGTERM to pyfront's group (SIGKILL after the grace period); its lifespan shutdown
+        # must stop the mock engine, which is in another session.
+        left = procs.stop(pyfront)
+        how = procs.stopped_by[f"pyfront:{pyfront.pid}"]
+        assert not left, f"pyfront's group left {left} ({how})"
+        deadline = time.monotonic() + 10
+        while mock.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        mock_left = real_engine.group_pids(mock.pgid)
+        tail = "\n".join(pyfront_log.read_text(errors="replace").splitlines()[-15:])
+        assert not mock_left, f"the mock engine outlived pyfront ({how}): {mock_left}\n{tail}"
+        assert how == "sigterm", f"pyfront needed {how} to stop\n{tail}"
+        assert "Application shutdown complete." in tail, tail
+    print(f"\nbench test took {time.monotonic() - t_test:.1f} s; summaries in {tmp_path}")
