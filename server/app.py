@@ -33,6 +33,7 @@ from server.config import ServerConfig
 from server.errors import APIError, error_response
 from server.metrics import Metrics
 from server.openai_types import RequestValidationError
+from server.parsers import get_reasoning_parser, get_tool_parser
 from server.serving import CompletionBatch, Generation, ServingState
 from server.sse import SSEResponse
 from server.tokenizer import Tokenizer
@@ -193,6 +194,9 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         max_model_len_override=config.max_model_len,
         allow_request_chat_template=config.trust_request_chat_template,
         api_server_index=config.client_index,
+        tool_parser=get_tool_parser(config.tool_call_parser) if config.tool_call_parser else None,
+        reasoning_parser=get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None,
+        enable_auto_tool_choice=config.enable_auto_tool_choice,
         max_in_flight=config.max_num_seqs_in_flight or None,
         request_timeout_s=config.request_timeout or None,
         sse_keepalive_s=config.sse_keep_alive_interval or None,
@@ -297,11 +301,18 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
         deadline = state.deadline(request.headers.get("x-request-timeout"))
         admission = state.admit(body.n or 1)
         try:
-            prompt_ids = await serving.render_chat(state, body)
+            prompt_text, prompt_ids = await serving.render_chat(state, body)
+            plan = serving.plan_output_parsing(state, body, prompt_text)
             base = serving.base_request_id(header_request_id(request), body.request_id)
             response_id = f"chatcmpl-{base}"
             generation = await serving.prepare(
-                state, body, prompt_ids, base_id=response_id, streaming=bool(body.stream), deadline=deadline
+                state,
+                body,
+                prompt_ids,
+                base_id=response_id,
+                streaming=bool(body.stream),
+                deadline=deadline,
+                plan=plan,
             )
             headers = {"x-request-id": base}
             if body.stream:
@@ -417,7 +428,7 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
                 chat_template_kwargs=body.chat_template_kwargs,
                 tools=body.tools,
             )
-            ids = await serving.render_chat(state, chat)
+            _, ids = await serving.render_chat(state, chat)
         elif body.prompt is not None:
             prompt = body.prompt
             ids = await anyio.to_thread.run_sync(

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="an engine silent this long (and not answering pings) is taken out of service",
     )
+    serve.add_argument("--tool-call-parser", default=None, help="tool call parser (known: hermes)")
+    serve.add_argument("--enable-auto-tool-choice", action="store_true", help="parse tool calls for tool_choice auto")
+    serve.add_argument("--reasoning-parser", default=None, help="reasoning parser (known: qwen3)")
     serve.add_argument(
         "--api-server-count",
         type=int,
@@ -112,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    from server.parsers import get_reasoning_parser, get_tool_parser
+
+    try:
+        if args.tool_call_parser:
+            get_tool_parser(args.tool_call_parser)
+        if args.reasoning_parser:
+            get_reasoning_parser(args.reasoning_parser)
+    except ValueError as exc:
+        raise SystemExit(f"pyfront: {exc}") from None
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("pyfront: --enable-auto-tool-choice needs --tool-call-parser")
     engine_flags = [f for f in ENGINE_SIDE_FLAGS if getattr(args, f"_engine_{f}") is not None]
     if engine_flags:
         raise SystemExit(
@@ -151,6 +165,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         sse_keep_alive_interval=args.sse_keep_alive_interval,
         shutdown_timeout=args.shutdown_timeout,
         api_server_count=args.api_server_count,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        reasoning_parser=args.reasoning_parser,
         mock_engine=args.mock_engine,
         mock_engine_args=mock_args,
     )

@@ -40,6 +40,9 @@ class ServerConfig:
     """Seconds of silence before a stream gets an SSE comment, so proxies keep long prefills open; 0: off."""
     shutdown_timeout: float = 30.0
     """On SIGTERM, seconds to let in-flight requests finish before they are aborted."""
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
     api_server_count: int = 1
     client_index: int = 0
     """Set by the launcher for each API server process, as are the three fields below."""

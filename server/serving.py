@@ -30,7 +30,13 @@ from engine_client.client import (
     RequestAbortedError,
     RequestStream,
 )
-from engine_client.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
+from engine_client.protocol import (
+    EngineCoreOutput,
+    EngineCoreRequest,
+    FinishReason,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from server.errors import APIError, sse_error_frame
 from server.metrics import Metrics
 from server.openai_types import (
@@ -39,7 +45,9 @@ from server.openai_types import (
     RequestValidationError,
     message_text,
 )
-from server.sampling import build_sampling_params, child_params
+from server.parsers import OutputParser
+from server.parsers.tool_choice import hermes_structural_tag
+from server.sampling import build_sampling_params, child_params, resolve_structured_outputs
 from server.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
 from server.text import (
     PROMPT_TAIL_TOKENS,
@@ -70,6 +78,11 @@ class ServingState:
     max_model_len_override: int | None
     allow_request_chat_template: bool = False
     api_server_index: int = 0
+    tool_parser: Any = None
+    """The --tool-call-parser class, or None."""
+    reasoning_parser: Any = None
+    """The --reasoning-parser class, or None."""
+    enable_auto_tool_choice: bool = False
     max_in_flight: int | None = None
     """Engine requests (choices) this process admits at once; beyond it, 503 + Retry-After."""
     request_timeout_s: float | None = None
@@ -180,6 +193,8 @@ class Choice:
     prompt_logprobs: list | None = None
     cached_tokens: int | None = None
     done: bool = False
+    parsed: Any = None
+    """The choice's OutputStream (reasoning / tool calls) when the request uses parsers."""
     logprob_context: list[int] = field(default_factory=list)
     """The last sampled ids, so a character split over streamed chunks shows as vLLM shows it."""
     text_offset: int = 0
@@ -229,6 +244,7 @@ class Generation:
         self.started = time.monotonic()
         self.first_token_at: float | None = None
         self.last_output_at = self.started
+        self.plan: OutputPlan | None = None
 
     async def start(self) -> None:
         """Send every choice's engine request; n > 1 children share one set of block hashes."""
@@ -433,14 +449,14 @@ def _message_dicts(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     return messages
 
 
-async def render_chat(state: ServingState, request: ChatCompletionRequest) -> list[int]:
+async def render_chat(state: ServingState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
     if request.chat_template is not None and not state.allow_request_chat_template:
         raise APIError(400, "per-request chat templates are disabled on this server", param="chat_template")
     messages = _message_dicts(request)
     tools = msgspec.to_builtins(request.tools) if request.tools else None
     documents = msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None
     try:
-        _, ids = await anyio.to_thread.run_sync(
+        text, ids = await anyio.to_thread.run_sync(
             lambda: state.tokenizer.tokenize_chat(
                 messages,
                 tools=tools,
@@ -453,7 +469,53 @@ async def render_chat(state: ServingState, request: ChatCompletionRequest) -> li
         )
     except TokenizerError as exc:
         raise APIError(400, str(exc), param="messages") from None
-    return ids
+    return text, ids
+
+
+@dataclass(slots=True)
+class OutputPlan:
+    """How a chat's generated text is split into reasoning, content and tool calls (issue: tools/reasoning)."""
+
+    parser: OutputParser | None = None
+    named_tool: bool = False
+    """tool_choice names a function: finish_reason stays "stop" and content is "" (as vLLM)."""
+    forced: bool = False
+    """tool_choice is required or named: the output is constrained with the parser's structural tag."""
+    structural_tag: str | None = None
+    parallel_tool_calls: bool = True
+
+
+def plan_output_parsing(state: ServingState, request: ChatCompletionRequest, prompt_text: str) -> OutputPlan:
+    """Decide the parsers for this request; 400 where vLLM refuses (auto tool choice without a parser)."""
+    plan = OutputPlan(parallel_tool_calls=request.parallel_tool_calls is not False)
+    reasoning = None
+    if state.reasoning_parser is not None:
+        kwargs = request.chat_template_kwargs or {}
+        enable_thinking = kwargs.get("enable_thinking", True) is not False
+        starts = state.reasoning_parser.starts_in_reasoning_for_prompt(prompt_text, enable_thinking=enable_thinking)
+        reasoning = state.reasoning_parser(starts_in_reasoning=starts)
+    tools = None
+    choice = request.tool_choice
+    if request.tools and choice != "none":
+        if state.tool_parser is None:
+            raise APIError(400, f'"{choice if isinstance(choice, str) else "named"}" tool choice requires '
+                           "--tool-call-parser to be set", param="tool_choice")  # fmt: skip
+        if choice == "auto" and not state.enable_auto_tool_choice:
+            raise APIError(
+                400,
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                param="tool_choice",
+            )
+        tools = state.tool_parser()
+        plan.named_tool = not isinstance(choice, str)
+        tool_dicts = msgspec.to_builtins(request.tools)
+        tag = hermes_structural_tag(tool_dicts, msgspec.to_builtins(choice), request.parallel_tool_calls)
+        if tag is not None:
+            plan.structural_tag = json.dumps(tag)
+            plan.forced = choice == "required" or plan.named_tool
+    if reasoning is not None or tools is not None:
+        plan.parser = OutputParser(reasoning=reasoning, tools=tools)
+    return plan
 
 
 def check_prompt_len(state: ServingState, prompt_len: int) -> None:
@@ -493,6 +555,7 @@ async def prepare(
     base_id: str,
     streaming: bool,
     deadline: float | None = None,
+    plan: OutputPlan | None = None,
 ) -> Generation:
     check_prompt_len(state, len(prompt_ids))
     tok = state.tokenizer
@@ -507,6 +570,12 @@ async def prepare(
         streaming=streaming,
         tokenize=lambda text: tok.encode(text, add_special_tokens=False),
     )
+    if plan is not None and plan.structural_tag is not None:
+        if params.structured_outputs is not None:
+            raise APIError(400, "structured outputs cannot be combined with a forced tool choice", param="tool_choice")
+        params.structured_outputs = resolve_structured_outputs(
+            StructuredOutputsParams(structural_tag=plan.structural_tag)
+        )
     generation = Generation(
         state,
         prompt_ids,
@@ -520,6 +589,10 @@ async def prepare(
         deadline=deadline,
         keepalive=state.sse_keepalive_s if streaming else None,
     )
+    if plan is not None and plan.parser is not None:
+        for choice in generation.choices:
+            choice.parsed = plan.parser.stream()
+        generation.plan = plan
     await generation.start()
     return generation
 
@@ -551,17 +624,13 @@ async def chat_full(
     generation.finish_metrics()
     choices = []
     for choice in generation.choices:
+        message, finish_reason = _chat_message(choice, generation.plan)
         choices.append(
             {
                 "index": choice.index,
-                "message": {
-                    "role": "assistant",
-                    "content": choice.text.text,
-                    "reasoning_content": None,
-                    "tool_calls": [],
-                },
+                "message": message,
                 "logprobs": _chat_logprobs(state, choice, _rows(choice), request),
-                "finish_reason": choice.finish_reason,
+                "finish_reason": finish_reason,
                 "stop_reason": choice.stop_reason,
             }
         )
@@ -573,6 +642,56 @@ async def chat_full(
         "choices": choices,
         "usage": generation.usage(),
     }
+
+
+def _parsed_delta(choice: Choice, plan: OutputPlan | None, text: str, final: bool) -> dict[str, Any]:
+    """A streamed delta split by the request's parsers: reasoning, content and tool-call fragments."""
+    stream = choice.parsed
+    step = stream.feed(text) if text else None
+    parts = [step] if step else []
+    if final:
+        parts.append(stream.finish())
+    body: dict[str, Any] = {}
+    reasoning = "".join(p.reasoning for p in parts)
+    content = "".join(p.content for p in parts)
+    calls = [call for p in parts for call in p.tool_calls]
+    if plan is not None and not plan.parallel_tool_calls:
+        calls = [call for call in calls if call.index == 0]
+    if reasoning:
+        body["reasoning_content"] = reasoning
+        body["reasoning"] = reasoning
+    if content and not (plan is not None and plan.forced):
+        body["content"] = content
+    if calls:
+        body["tool_calls"] = [call.to_openai() for call in calls]
+    return body
+
+
+def _tool_finish_reason(plan: OutputPlan, finish_reason: str | None, called: bool) -> str | None:
+    """vLLM: "tool_calls" when calls were made and the model stopped by itself, unless a function was named."""
+    if called and not plan.named_tool and finish_reason == "stop":
+        return "tool_calls"
+    return finish_reason
+
+
+def _chat_message(choice: Choice, plan: OutputPlan | None) -> tuple[dict[str, Any], str | None]:
+    """The non-streamed assistant message and finish reason: text split by the request's parsers."""
+    if plan is None or plan.parser is None:
+        message = {"role": "assistant", "content": choice.text.text, "reasoning_content": None, "tool_calls": []}
+        return message, choice.finish_reason
+    parsed = plan.parser.parse(choice.text.text)
+    calls = parsed.calls if plan.parallel_tool_calls else parsed.calls[:1]
+    content = parsed.content
+    if plan.forced and calls:
+        content = ""
+    message = {
+        "role": "assistant",
+        "content": content,
+        "reasoning_content": parsed.reasoning,
+        "reasoning": parsed.reasoning,
+        "tool_calls": [call.to_openai() for call in calls],
+    }
+    return message, _tool_finish_reason(plan, choice.finish_reason, bool(calls))
 
 
 def _rows(choice: Choice) -> list:
@@ -631,15 +750,22 @@ async def chat_stream(
             if request.logprobs and choice.text.num_tokens > rows_before:
                 new_rows = _rows(choice)[rows_before : choice.text.num_tokens]
                 logprobs = _chat_logprobs(state, choice, new_rows, request)
-            if choice.finish_reason is not None:
+            finish_reason = choice.finish_reason
+            if choice.parsed is None:
+                delta_body: dict[str, Any] = {"content": delta} if delta else {}
+            else:
+                delta_body = _parsed_delta(choice, generation.plan, delta, finish_reason is not None)
+                if finish_reason is not None:
+                    finish_reason = _tool_finish_reason(generation.plan, finish_reason, bool(choice.parsed.calls))
+            if finish_reason is not None:
                 body: dict[str, Any] = {
                     **head,
                     "choices": [
                         {
                             "index": choice.index,
-                            "delta": {"content": delta} if delta else {},
+                            "delta": delta_body,
                             "logprobs": logprobs,
-                            "finish_reason": choice.finish_reason,
+                            "finish_reason": finish_reason,
                             "stop_reason": choice.stop_reason,
                         }
                     ],
@@ -647,8 +773,8 @@ async def chat_stream(
                 if continuous:
                     body["usage"] = generation.usage()
                 yield frame(body)
-            elif delta or logprobs is not None:
-                if logprobs is None and not continuous:
+            elif delta_body or logprobs is not None:
+                if choice.parsed is None and logprobs is None and not continuous:
                     yield templates[choice.index].render(delta)
                 else:
                     body = {
@@ -656,7 +782,7 @@ async def chat_stream(
                         "choices": [
                             {
                                 "index": choice.index,
-                                "delta": {"content": delta},
+                                "delta": delta_body,
                                 "logprobs": logprobs,
                                 "finish_reason": None,
                             }

@@ -1,0 +1,86 @@
+"""Model-output parsers: ``--reasoning-parser`` and ``--tool-call-parser``.
+
+Text-level and independent of HTTP: each parser turns model output text into reasoning,
+content and tool calls, whole (``parse``) or streamed (``stream().feed()`` /
+``finish()``), with the same result for every chunking of the text.
+
+* :mod:`server.parsers.reasoning`: reasoning parser base classes; ``<think>`` tags.
+* :mod:`server.parsers.qwen3_reasoning`: ``qwen3``.
+* :mod:`server.parsers.tool_calls`: tool-call shapes, base classes, tag-delimited formats.
+* :mod:`server.parsers.hermes`: ``hermes``, ``<tool_call>{json}</tool_call>``.
+* :mod:`server.parsers.json_stream`: incremental JSON reading for the above.
+* :mod:`server.parsers.tool_choice`: ``required`` / named ``tool_choice``: constraints
+  and their output.
+* :mod:`server.parsers.pipeline`: reasoning then tool calls, together.
+
+A new format is one file with one class (a ``TaggedToolCallParser`` with a ``CallBody``
+for a tag-delimited tool-call format, a ``ThinkTagReasoningParser`` for ``<think>``-like
+reasoning) and one line in the registry below.
+"""
+
+from __future__ import annotations
+
+from server.parsers.hermes import HermesToolParser
+from server.parsers.pipeline import OutputDelta, OutputParser, OutputStream, ParsedOutput
+from server.parsers.qwen3_reasoning import Qwen3ReasoningParser
+from server.parsers.reasoning import ReasoningDelta, ReasoningParser, ReasoningStream
+from server.parsers.tool_calls import (
+    ParsedToolCalls,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallParser,
+    ToolCallStream,
+    ToolStreamDelta,
+    make_tool_call_id,
+)
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "HermesToolParser",
+    "OutputDelta",
+    "OutputParser",
+    "OutputStream",
+    "ParsedOutput",
+    "ParsedToolCalls",
+    "Qwen3ReasoningParser",
+    "ReasoningDelta",
+    "ReasoningParser",
+    "ReasoningStream",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallParser",
+    "ToolCallStream",
+    "ToolStreamDelta",
+    "get_reasoning_parser",
+    "get_tool_parser",
+    "make_tool_call_id",
+]
+
+TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
+    HermesToolParser.name: HermesToolParser,
+}
+"""``--tool-call-parser`` names."""
+
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    Qwen3ReasoningParser.name: Qwen3ReasoningParser,
+}
+"""``--reasoning-parser`` names."""
+
+
+def get_tool_parser(name: str) -> type[ToolCallParser]:
+    """The ``--tool-call-parser`` class; ValueError naming the known ones for an unknown name."""
+    try:
+        return TOOL_PARSERS[name]
+    except KeyError:
+        known = ", ".join(sorted(TOOL_PARSERS))
+        raise ValueError(f"unknown tool call parser {name!r}; known: {known}") from None
+
+
+def get_reasoning_parser(name: str) -> type[ReasoningParser]:
+    """The ``--reasoning-parser`` class; ValueError naming the known ones for an unknown name."""
+    try:
+        return REASONING_PARSERS[name]
+    except KeyError:
+        known = ", ".join(sorted(REASONING_PARSERS))
+        raise ValueError(f"unknown reasoning parser {name!r}; known: {known}") from None

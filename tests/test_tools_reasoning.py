@@ -1,0 +1,166 @@
+"""Tool calls (hermes) and reasoning (qwen3) end to end: scripted mock output through the openai client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from engine_client.mock_engine import MockConfig, MockEngine
+from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from server.cli import build_parser, config_from_args
+from server.config import ServerConfig
+from tests.test_server import API_KEY, MODEL, free_port, start_server
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[tuple[openai.OpenAI, MockEngine, object]]:
+    rpc_port, http_port = free_port(), free_port()
+    mock = MockEngine(
+        MockConfig(handshake_address=f"tcp://127.0.0.1:{rpc_port}", ranks=[0], step_interval_s=0.001)
+    ).start()
+    config = ServerConfig(
+        model=BUNDLED_TOKENIZER_NAME,
+        served_model_name=[MODEL],
+        port=http_port,
+        api_key=[API_KEY],
+        data_parallel_rpc_port=rpc_port,
+        tool_call_parser="hermes",
+        enable_auto_tool_choice=True,
+        reasoning_parser="qwen3",
+    )
+    server, thread = start_server(config)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key=API_KEY, max_retries=0)
+    try:
+        yield client, mock, server.config.app.state.serving.tokenizer
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        mock.stop()
+
+
+def ask(env, output: str, *, stream: bool, **kwargs):
+    """Script the engine to emit exactly `output`, then ask; returns (message-like dict, finish_reason)."""
+    client, mock, tokenizer = env
+    mock.script(tokenizer.encode(output, add_special_tokens=False))
+    response = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=200, stream=stream, **kwargs
+    )
+    if not stream:
+        message = response.choices[0].message
+        extra = message.model_extra or {}
+        calls = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls or []
+        ]
+        return {"content": message.content, "reasoning": extra.get("reasoning_content"), "calls": calls}, (
+            response.choices[0].finish_reason
+        )
+    content, reasoning, finish = "", "", None
+    calls: dict[int, dict] = {}
+    for chunk in response:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        content += delta.content or ""
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, {"id": None, "name": None, "arguments": ""})
+            if call.id:
+                assert entry["id"] is None, "the id comes once, on the first delta of a call"
+                entry["id"] = call.id
+                assert call.function.name, "the first delta carries the name"
+                entry["name"] = call.function.name
+            entry["arguments"] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    ordered = [calls[i] for i in sorted(calls)]
+    return {"content": content or None, "reasoning": reasoning or None, "calls": ordered}, finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_is_split_from_content(env, stream) -> None:
+    result, finish = ask(env, "<think>\nThe user says hi. Greet back.\n</think>\n\nHello there!", stream=stream)
+    assert result["reasoning"].strip() == "The user says hi. Greet back."
+    assert result["content"].strip() == "Hello there!"
+    assert "think" not in result["content"]
+    assert finish == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_enable_thinking_false_is_all_content(env, stream) -> None:
+    result, _ = ask(
+        env, "Just an answer.", stream=stream, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    assert result["content"] == "Just an answer."
+    assert not result["reasoning"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_auto(env, stream) -> None:
+    output = (
+        "<think>\nI need the weather and the time.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \\"FR\\" {x}"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time"}\n</tool_call>'
+    )
+    result, finish = ask(env, output, stream=stream, tools=TOOLS)
+    assert finish == "tool_calls"
+    assert [c["name"] for c in result["calls"]] == ["get_weather", "get_time"]
+    assert json.loads(result["calls"][0]["arguments"]) == {"city": 'Paris "FR" {x}'}
+    assert json.loads(result["calls"][1]["arguments"]) == {}  # parameterless: "{}", never dropped
+    assert all(c["id"].startswith("call_") for c in result["calls"])
+    assert not (result["content"] or "").strip()
+    assert "weather and the time" in result["reasoning"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_inside_reasoning_is_not_a_call(env, stream) -> None:
+    output = '<think>\nMaybe <tool_call>\n{"name": "get_time"}\n</tool_call> later.\n</think>\n\nNo tools needed.'
+    result, finish = ask(env, output, stream=stream, tools=TOOLS)
+    assert result["calls"] == []
+    assert "<tool_call>" in result["reasoning"]
+    assert result["content"].strip() == "No tools needed."
+    assert finish == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_malformed_tool_call_stays_content(env, stream) -> None:
+    result, finish = ask(
+        env, "<think>\nx\n</think>\n\n<tool_call>\nnot json at all\n</tool_call>", stream=stream, tools=TOOLS
+    )
+    assert result["calls"] == []
+    assert "not json at all" in result["content"]
+    assert finish == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice(env, stream) -> None:
+    output = '<think>\n\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    result, finish = ask(
+        env, output, stream=stream, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    assert [c["name"] for c in result["calls"]] == ["get_weather"]
+    assert json.loads(result["calls"][0]["arguments"]) == {"city": "Oslo"}
+    assert finish == "stop"  # a named function keeps "stop", as vLLM
+
+
+def test_auto_tool_choice_needs_the_flags() -> None:
+    with pytest.raises(SystemExit, match="unknown tool call parser 'nope'; known: hermes"):
+        config_from_args(build_parser().parse_args(["serve", "--tool-call-parser", "nope"]))
+    with pytest.raises(SystemExit, match="known: qwen3"):
+        config_from_args(build_parser().parse_args(["serve", "--reasoning-parser", "nope"]))
+    with pytest.raises(SystemExit, match="needs --tool-call-parser"):
+        config_from_args(build_parser().parse_args(["serve", "--enable-auto-tool-choice"]))
