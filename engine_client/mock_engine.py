@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 import struct
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -137,6 +139,10 @@ class MockConfig:
     die_mode: str = "sentinel"
     arrival_log: str | None = None
     vllm_version: str = "0.32.0"
+    scripts: Sequence[Sequence[int]] = ()
+    """Outputs for the first requests, in arrival order (see the utility mock_script)."""
+    step_on_arrival: bool = False
+    """Benchmarks: a request arriving at an idle engine is stepped at once, not on the next step tick."""
 
 
 @dataclass(slots=True)
@@ -170,7 +176,7 @@ class MockEngineRank:
         self.ctx = ctx
         self.stop = stop
         self.running: dict[str, _Running] = {}
-        self.scripts: list[list[int]] = []
+        self.scripts: list[list[int]] = [list(tokens) for tokens in config.scripts]
         self.hash_counts = HashCounts()
         self.requests_received = 0
         self.aborts_received = 0
@@ -496,6 +502,7 @@ class MockEngineRank:
                 next_step = time.monotonic() + interval
                 continue
             timeout_ms = max(0.0, (next_step - now) * 1000) if self.running else 100
+            was_idle = not self.running
             for sock, _ in poller.poll(timeout_ms):
                 while True:
                     try:
@@ -505,6 +512,9 @@ class MockEngineRank:
                     self.handle_input(frames)
             now = time.monotonic()
             if not self.running:
+                next_step = now + interval
+            elif was_idle and self.config.step_on_arrival:
+                self.step()
                 next_step = now + interval
             elif now >= next_step:
                 self.step()
@@ -593,6 +603,12 @@ def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
     p.add_argument("--die-after-requests", type=int, default=None)
     p.add_argument("--die-mode", choices=("sentinel", "silent"), default="sentinel")
     p.add_argument("--arrival-log", default=None, help="append 'wall_time rank request_id' per ADD")
+    p.add_argument("--script-file", default=None, help="JSON list of token-id lists: the first requests' outputs")
+    p.add_argument(
+        "--step-on-arrival",
+        action="store_true",
+        help="benchmarks: step at once when a request reaches an idle engine (default: on the step tick)",
+    )
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s mock-engine %(levelname)s %(message)s")
@@ -609,7 +625,8 @@ def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
         max_model_len=a.max_model_len, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
         advertise_feh=a.advertise_feh, feh_block_size=a.feh_block_size, feh_none_hash=none_hash,
         verify_hashes=not a.no_verify_hashes, die_after_requests=a.die_after_requests, die_mode=a.die_mode,
-        arrival_log=a.arrival_log,
+        arrival_log=a.arrival_log, step_on_arrival=a.step_on_arrival,
+        scripts=json.loads(Path(a.script_file).read_text()) if a.script_file else (),
     )  # fmt: skip
 
 
