@@ -202,7 +202,9 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         sse_keepalive_s=config.sse_keep_alive_interval or None,
     )
     state.metrics = Metrics(
-        config.model_names[0], lambda: state.engine.hasher.memo.stats if state.engine and state.engine.hasher else None
+        config.model_names[0],
+        lambda: state.engine.hasher.memo.stats if state.engine and state.engine.hasher else None,
+        lambda: tokenizer.segments.stats,
     )
 
     @contextlib.asynccontextmanager

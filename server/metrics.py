@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -60,8 +61,35 @@ class _MemoCollector(Collector):
         yield entries
 
 
+class _SegmentCollector(Collector):
+    """The chat tokenization cache's counters, read at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any], model: str) -> None:
+        self._stats = stats
+        self._model = model
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = self._stats()
+        if stats is None:
+            return
+        for field, doc in (
+            ("segments", "Text segments of chat prompts looked up in the tokenization cache"),
+            ("segment_hits", "Segments whose token ids came from the cache"),
+            ("tokens_from_cache", "Prompt tokens taken from the tokenization cache"),
+            ("tokens_encoded", "Prompt tokens tokenized afresh"),
+        ):
+            family = CounterMetricFamily(f"pyfront:tokenize_{field}", doc, labels=["model_name"])
+            family.add_metric([self._model], getattr(stats, field))
+            yield family
+
+
 class Metrics:
-    def __init__(self, model_name: str, memo_stats: Callable[[], MemoStats | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        memo_stats: Callable[[], MemoStats | None],
+        segment_stats: Callable[[], Any] | None = None,
+    ) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -106,6 +134,8 @@ class Metrics:
             }
         else:
             r.register(_MemoCollector(memo_stats, model_name))
+            if segment_stats is not None:
+                r.register(_SegmentCollector(segment_stats, model_name))
         self._memo_stats = memo_stats
 
     def publish_memo(self) -> None:

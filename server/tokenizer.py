@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from server.bundled_tokenizer import resolve_tokenizer_name
+from server.segment_cache import SegmentTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ class Tokenizer:
             ours: generation[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if theirs in generation
         }
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
+        # Chat prompts re-send the whole history every turn: tokenize the text between added tokens once per
+        # distinct segment (exact, checked at start-up; falls back to plain encode where it would not be).
+        self.segments = SegmentTokenizer(self.hf)
         if self.has_chat_template:
             # Compile the template now: the first chat requests would otherwise pay for it (tens of ms).
             with contextlib.suppress(Exception):
@@ -116,4 +120,4 @@ class Tokenizer:
     def tokenize_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
         """Render, then tokenize without adding special tokens again (the template has them)."""
         text = self.render_chat(messages, **kwargs)
-        return text, self.encode(text, add_special_tokens=False)
+        return text, self.segments.encode(text)

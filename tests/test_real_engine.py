@@ -816,3 +816,282 @@ def test_vllm_bench_serve_against_pyfront(tiny_model: Path, vllm_venv: Path, tok
         assert how == "sigterm", f"pyfront needed {how} to stop\n{tail}"
         assert "Application shutdown complete." in tail, tail
     print(f"\nbench test took {time.monotonic() - t_test:.1f} s; summaries in {tmp_path}")
+
+
+# ------------------------------------------------------------- 6. tool calls and reasoning: vLLM FE vs pyfront
+
+PARSER_FLAGS = ("--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3")
+
+CHAT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "options": {"type": "object"},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The current time.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+]
+
+NESTED_ARGUMENTS = {
+    "city": 'Zürich "Altstadt"',
+    "options": {
+        "days": [1, 2.5, {"hourly": True, "skip": None}],
+        "note": 'braces } { and "quotes" \\ backslash',
+        "emoji": "☀️ 雨 café",
+    },
+}
+
+
+def _hermes_call(name: str, arguments: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+# name: (scripted model output, chat_template_kwargs). Each output is followed by the EOS (finish "stop").
+# All are outside tests/test_parsers.py's OURS_WHERE_DIFFERENT (no call inside the reasoning, no malformed
+# or cut-off call, nothing after the calls, no </think> in the content).
+TOOL_REASONING_CASES: dict[str, tuple[str, dict | None]] = {
+    "reasoning_content": ("<think>\nThe user says hello.\n</think>\n\nHello! I am a tiny test model.", None),
+    "reasoning_one_call": (
+        "<think>\nI need the weather in Paris.\n</think>\n\n"
+        + _hermes_call("get_weather", {"city": "Paris", "unit": "celsius"}),
+        None,
+    ),
+    "two_calls_one_parameterless": (
+        "<think>\nWeather and time.\n</think>\n\n"
+        + _hermes_call("get_weather", {"city": "Berlin"})
+        + "\n"
+        + _hermes_call("get_time", {}),
+        None,
+    ),
+    "no_thinking_content": ("Paris is the capital of France.", {"enable_thinking": False}),
+    "nested_arguments": (
+        "<think>\nQuotes, braces and unicode.\n</think>\n\n" + _hermes_call("get_weather", NESTED_ARGUMENTS),
+        None,
+    ),
+}
+
+
+def _start_pyfront_server(
+    model_dir: Path, http_port: int, rpc_port: int, log_path: Path, *extra: str
+) -> real_engine.Handle:
+    """`pyfront serve MODEL` (no mock of its own: the test starts the engine) as its own process group."""
+    argv = [sys.executable, "-m", "server.cli", "serve", str(model_dir), "--host", "127.0.0.1",
+            "--port", str(http_port), "--data-parallel-rpc-port", str(rpc_port), *extra]  # fmt: skip
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_offline_env(),
+            start_new_session=True,
+            close_fds=True,
+        )
+    return real_engine.Handle(
+        kind="pyfront", pid=proc.pid, log_path=log_path, argv=argv, rpc_port=rpc_port, http_port=http_port, proc=proc
+    )
+
+
+def _parsed_full(data: dict) -> dict:
+    """A non-streamed chat answer as {reasoning, content, calls: [(name, arguments text)], ids, finish, fields}."""
+    choice = data["choices"][0]
+    message = choice["message"]
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        reasoning = message.get("reasoning")
+    tool_calls = message.get("tool_calls") or []
+    return {
+        "reasoning": reasoning,
+        "content": message.get("content"),
+        "calls": [(c["function"]["name"], c["function"]["arguments"]) for c in tool_calls],
+        "ids": [c.get("id") for c in tool_calls],
+        "finish": choice["finish_reason"],
+        "fields": sorted(k for k in ("reasoning", "reasoning_content") if message.get(k) is not None),
+    }
+
+
+def _parsed_stream(events: list[dict]) -> dict:
+    """A chat stream reassembled: reasoning (from `reasoning_content` or `reasoning`), content, and the tool
+    calls by index (name, concatenated arguments). None where nothing came, as a stream cannot say null."""
+    reasoning: str | None = None
+    content: str | None = None
+    calls: dict[int, list] = {}
+    ids: dict[int, str | None] = {}
+    finish, fields = None, set()
+    for event in events:
+        for choice in event.get("choices", []):
+            delta = choice.get("delta") or {}
+            piece = delta.get("reasoning_content")
+            if piece is None:
+                piece = delta.get("reasoning")
+            fields.update(k for k in ("reasoning", "reasoning_content") if delta.get(k) is not None)
+            if piece:
+                reasoning = (reasoning or "") + piece
+            if delta.get("content"):
+                content = (content or "") + delta["content"]
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], [None, ""])
+                function = call.get("function") or {}
+                if function.get("name"):
+                    assert entry[0] is None, f"call {call['index']} named twice: {event}"
+                    entry[0] = function["name"]
+                    ids[call["index"]] = call.get("id")
+                entry[1] += function.get("arguments") or ""
+            if choice.get("finish_reason"):
+                assert finish is None, f"a second finish_reason: {event}"
+                finish = choice["finish_reason"]
+    assert sorted(calls) == list(range(len(calls))), f"tool call indices {sorted(calls)}"
+    return {
+        "reasoning": reasoning,
+        "content": content,
+        "calls": [tuple(calls[i]) for i in sorted(calls)],
+        "ids": [ids.get(i) for i in sorted(calls)],
+        "finish": finish,
+        "fields": sorted(fields),
+    }
+
+
+def _comparable(result: dict, *, content: str | None = None) -> dict:
+    """What must match. None and "" are the same content and reasoning: a non-streamed message says null
+    where a stream just sends no such delta (both front ends return content null when an output is only
+    calls). Arguments are compared as JSON values (their formatting aside). `content` overrides the content."""
+
+    def arguments(text: str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return ("not JSON", text)
+
+    return {
+        "reasoning": result["reasoning"] or "",
+        "content": (result["content"] if content is None else content) or "",
+        "calls": [(name, arguments(args)) for name, args in result["calls"]],
+        "finish": result["finish"],
+    }
+
+
+def _short(result: dict) -> str:
+    calls = ", ".join(f"{name}({args})" for name, args in result["calls"]) or "-"
+    return (f"reasoning={result['reasoning']!r} content={result['content']!r} calls=[{calls}] "
+            f"finish={result['finish']} fields={result['fields']}")  # fmt: skip
+
+
+# vLLM 0.32 quirk, in these cases (reasoning, then "\n\n", then calls): its non-streamed message drops the
+# whitespace-only content before the calls (content null: vllm/parser/abstract_parser.py, `if content and
+# content.strip() == "": content = None`), but its stream sends that "\n\n" as a content delta (the Hermes
+# streaming parser passes text before <tool_call> through; nothing drops it), so its stream disagrees with
+# its own non-streamed answer. pyfront gives the non-streamed result in both modes: no content delta.
+VLLM_STREAM_WHITESPACE_BEFORE_CALLS = {"reasoning_one_call", "two_calls_one_parameterless", "nested_arguments"}
+
+
+@pytest.mark.real_engine
+def test_tool_calls_and_reasoning_match_vllm_frontend(
+    tiny_model: Path, vllm_venv: Path, tokenizer, tmp_path: Path
+) -> None:
+    """vLLM 0.32's own front end and pyfront, each with `--tool-call-parser hermes --enable-auto-tool-choice
+    --reasoning-parser qwen3`, each against a mock engine scripted with the same outputs, answer the same chat
+    requests (two tools, tool_choice auto, temperature 0) with the same reasoning, content, tool calls (name
+    and JSON arguments; ids are random by design) and finish reason, streamed and not (one listed vLLM
+    streaming quirk aside). Raw answers are kept in tmp_path/answers-*.json."""
+    t_test = time.monotonic()
+    rpc_vllm, http_vllm, rpc_pyfront, http_pyfront = _ports(4)
+    script: list[list[int]] = []
+    for text, _ in TOOL_REASONING_CASES.values():
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text
+        script += [ids, ids]  # one non-streamed request, then one streamed, per case
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    mock_args = ("--script-file", str(script_file), "--step-interval", "0.002")
+
+    results: dict[str, dict[str, dict]] = {"vllm": {}, "pyfront": {}}
+    with managed_processes() as procs:
+        frontend = procs.add(
+            real_engine.start_vllm_frontend(
+                tiny_model, rpc_vllm, http_vllm, tmp_path / "vllm-fe.log", venv=vllm_venv, extra_args=PARSER_FLAGS
+            )
+        )
+        vllm_mock = procs.add(
+            _start_mock_engine(rpc_vllm, tmp_path / "vllm-mock.log", *mock_args,
+                               "--arrival-log", str(tmp_path / "vllm-arrivals.log"))
+        )  # fmt: skip
+        pyfront = procs.add(
+            _start_pyfront_server(tiny_model, http_pyfront, rpc_pyfront, tmp_path / "pyfront.log", *PARSER_FLAGS)
+        )
+        pyfront_mock = procs.add(
+            _start_mock_engine(rpc_pyfront, tmp_path / "pyfront-mock.log", *mock_args,
+                               "--arrival-log", str(tmp_path / "pyfront-arrivals.log"))
+        )  # fmt: skip
+        real_engine.wait_healthy(pyfront, timeout=STARTUP_TIMEOUT_S, also_alive=[pyfront_mock])
+        real_engine.wait_healthy(frontend, timeout=STARTUP_TIMEOUT_S, also_alive=[vllm_mock])
+
+        for side, server in (("vllm", frontend), ("pyfront", pyfront)):
+            model = _model_id(server.url)
+            raw: dict[str, object] = {}
+            with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
+                for name, (_, template_kwargs) in TOOL_REASONING_CASES.items():
+                    body = {"model": model, "messages": [{"role": "user", "content": f"Case {name}: go."}],
+                            "tools": CHAT_TOOLS, "tool_choice": "auto", "temperature": 0}  # fmt: skip
+                    if template_kwargs is not None:
+                        body["chat_template_kwargs"] = template_kwargs
+                    r = client.post("/v1/chat/completions", json=body)
+                    assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.text}\n{server.log_tail()}"
+                    raw[f"{name}/full"] = r.json()
+                    results[side][f"{name}/full"] = _parsed_full(r.json())
+                    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+                        if r.status_code != 200:
+                            pytest.fail(f"{side} {name} (stream): HTTP {r.status_code} {r.read().decode()}")
+                        events = list(_sse_events(r))
+                    raw[f"{name}/stream"] = events
+                    results[side][f"{name}/stream"] = _parsed_stream(events)
+            (tmp_path / f"answers-{side}.json").write_text(json.dumps(raw, indent=1, ensure_ascii=False))
+
+        for side in ("vllm", "pyfront"):
+            arrivals = (tmp_path / f"{side}-arrivals.log").read_text().splitlines()
+            assert len(arrivals) == len(script), f"{side}'s mock saw {len(arrivals)} requests: {arrivals}"
+        assert all(h.alive() for h in (frontend, vllm_mock, pyfront, pyfront_mock))
+
+    print()
+    for key in results["vllm"]:
+        print(f"{key}\n  vllm:    {_short(results['vllm'][key])}\n  pyfront: {_short(results['pyfront'][key])}")
+    print(f"tool/reasoning comparison took {time.monotonic() - t_test:.1f} s; answers in {tmp_path}")
+
+    vllm, ours = results["vllm"], results["pyfront"]
+    for name in TOOL_REASONING_CASES:
+        full, stream = f"{name}/full", f"{name}/stream"
+        assert _comparable(ours[full]) == _comparable(vllm[full]), full
+        # pyfront's stream is its non-streamed answer, whatever vLLM's stream does.
+        assert _comparable(ours[stream]) == _comparable(ours[full]), stream
+        if name in VLLM_STREAM_WHITESPACE_BEFORE_CALLS:
+            # The quirk above: vLLM streams content "\n\n" where its own non-streamed content is null.
+            assert vllm[full]["content"] is None and vllm[stream]["content"] == "\n\n", (vllm[full], vllm[stream])
+            assert _comparable(vllm[stream], content="") == _comparable(vllm[full]), stream
+            assert ours[full]["content"] is None and ours[stream]["content"] is None, (ours[full], ours[stream])
+        else:
+            assert _comparable(ours[stream]) == _comparable(vllm[stream]), stream
+        for key in (full, stream):
+            # Ids: random on both sides, but present and distinct. Field names: vLLM 0.32 fills `reasoning`
+            # only; pyfront fills both `reasoning` and the older `reasoning_content` with the same text.
+            for side in (vllm, ours):
+                ids = side[key]["ids"]
+                assert all(isinstance(i, str) and i for i in ids) and len(set(ids)) == len(ids), (key, ids)
+            assert vllm[key]["fields"] == (["reasoning"] if vllm[key]["reasoning"] else []), (key, vllm[key])
+            assert ours[key]["fields"] == (["reasoning", "reasoning_content"] if ours[key]["reasoning"] else []), key
