@@ -375,8 +375,11 @@ class Generation:
             async for output in self.choice_outputs(choice):
                 yield choice, output
             return
-        async for item in merge([(c, self.choice_outputs(c)) for c in choices]):
-            yield item
+        async for choice, output in merge([(c, self.choice_outputs(c)) for c in choices]):
+            # The pumps read ahead: an output queued before its choice finished here (a stop string) is stale.
+            if output is not None and choice.done:
+                continue
+            yield choice, output
 
 
 async def merge(sources: list[tuple[Any, AsyncIterator[Any]]]) -> AsyncIterator[tuple[Any, Any]]:
@@ -886,6 +889,8 @@ class CompletionBatch:
                 yield 0, self.generations[0], choice, output
             return
         async for i, (choice, output) in merge([(i, g.events()) for i, g in enumerate(self.generations)]):
+            if output is not None and choice.done:
+                continue  # read ahead by a pump after the choice finished here
             yield i, self.generations[i], choice, output
 
 

@@ -345,3 +345,21 @@ def test_request_id_header_round_trips(harness: Harness) -> None:
     assert response.status_code == 200
     assert response.json()["id"] == "chatcmpl-my-id-123"
     assert json.loads(response.text)["choices"][0]["finish_reason"] == "length"
+
+
+def test_one_finish_per_choice_when_stop_strings_end_merged_streams(harness: Harness) -> None:
+    """Several prompts x n: the per-choice pumps read ahead; outputs after a stop string must be dropped."""
+    words = chat(harness, "probe", max_tokens=6).choices[0].message.content.split()
+    with harness.http() as http:
+        for _ in range(10):
+            payload = {"model": MODEL, "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 40, "stream": True,
+                       "ignore_eos": True, "stop": [" the", " and", " of", f" {words[1]}"]}  # fmt: skip
+            finishes: dict[int, int] = {}
+            with http.stream("POST", "/v1/completions", json=payload) as response:
+                assert response.status_code == 200
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        for choice in json.loads(line[6:])["choices"]:
+                            if choice.get("finish_reason"):
+                                finishes[choice["index"]] = finishes.get(choice["index"], 0) + 1
+            assert finishes == {i: 1 for i in range(6)}
