@@ -111,8 +111,13 @@ def validate_structured_outputs(so: StructuredOutputsParams) -> None:
         raise ValueError(f"structured outputs backend must be resolved by the front end, got {so.backend!r}")
 
 
-def validate_request(request: EngineCoreRequest, max_model_len: int, client_count: int) -> None:
-    """ValueError for anything a 0.32 engine would choke on."""
+def validate_request(
+    request: EngineCoreRequest, max_model_len: int, client_count: int, *, check_prompt_ids: bool = True
+) -> None:
+    """ValueError for anything a 0.32 engine would choke on.
+
+    `check_prompt_ids=False` skips the per-id check (linear in the prompt) for ids a tokenizer produced.
+    """
     if not isinstance(request.request_id, str) or not request.request_id:
         raise ValueError("request_id must be a non-empty string")
     prompt = request.prompt_token_ids
@@ -120,7 +125,8 @@ def validate_request(request: EngineCoreRequest, max_model_len: int, client_coun
         raise ValueError("prompt_token_ids is required (prompt embeddings are not supported)")
     if not prompt:
         raise ValueError("the prompt must contain at least one token")
-    _check_prompt_ids(prompt)
+    if check_prompt_ids:
+        _check_prompt_ids(prompt)
     if max_model_len and len(prompt) >= max_model_len:
         raise ValueError(f"the prompt has {len(prompt)} tokens; the engines' max_model_len is {max_model_len}")
     if request.sampling_params is None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
 from typing import Any
 
@@ -280,6 +281,16 @@ def _add_error_handlers(app: FastAPI, state: ServingState) -> None:
 # ---------------------------------------------------------------------- routes
 
 
+LARGE_BODY_BYTES = 256 * 1024
+
+
+async def _decode(decode: Callable[[bytes], Any], raw: bytes) -> Any:
+    """Parse a request body once; a long chat history is parsed on a worker thread, not on the event loop."""
+    if len(raw) < LARGE_BODY_BYTES:
+        return decode(raw)
+    return await anyio.to_thread.run_sync(decode, raw)
+
+
 def _request_body_schema(name: str) -> dict[str, Any]:
     return {
         "requestBody": {
@@ -295,8 +306,11 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
 
     @app.post("/v1/chat/completions", openapi_extra=_request_body_schema("ChatCompletionRequest"))
     async def chat_completions(request: Request) -> Response:
-        body = openai_types.decode_chat_request(
-            await request.body(), allow_request_chat_template=state.allow_request_chat_template
+        body = await _decode(
+            functools.partial(
+                openai_types.decode_chat_request, allow_request_chat_template=state.allow_request_chat_template
+            ),
+            await request.body(),
         )
         model = state.check_model(body.model)
         state.require_engine()
@@ -329,7 +343,7 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
 
     @app.post("/v1/completions", openapi_extra=_request_body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
-        body = openai_types.decode_completion_request(await request.body())
+        body = await _decode(openai_types.decode_completion_request, await request.body())
         model = state.check_model(body.model)
         state.require_engine()
         deadline = state.deadline(request.headers.get("x-request-timeout"))

@@ -269,7 +269,9 @@ class Generation:
                     priority=self.priority,
                     external_req_id=self.external_id,
                 )
-                choice.stream = await engine.add_request(request, prompt_block_hashes=hashes if shared else None)
+                choice.stream = await engine.add_request(
+                    request, prompt_block_hashes=hashes if shared else None, prompt_checked=True
+                )
                 hashed = choice.stream is not None and request.prompt_block_hashes is not None
                 self.state.metrics.feh_requests.labels(self.state.metrics.model_name, str(hashed).lower()).inc()
         except BaseException:
@@ -455,21 +457,21 @@ def _message_dicts(request: ChatCompletionRequest) -> list[dict[str, Any]]:
 async def render_chat(state: ServingState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
     if request.chat_template is not None and not state.allow_request_chat_template:
         raise APIError(400, "per-request chat templates are disabled on this server", param="chat_template")
-    messages = _message_dicts(request)
-    tools = msgspec.to_builtins(request.tools) if request.tools else None
-    documents = msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None
-    try:
-        text, ids = await anyio.to_thread.run_sync(
-            lambda: state.tokenizer.tokenize_chat(
-                messages,
-                tools=tools,
-                documents=documents,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                chat_template=request.chat_template,
-                chat_template_kwargs=request.chat_template_kwargs,
-            )
+
+    def render() -> tuple[str, list[int]]:
+        # Everything proportional to the history runs here, on a worker thread.
+        return state.tokenizer.tokenize_chat(
+            _message_dicts(request),
+            tools=msgspec.to_builtins(request.tools) if request.tools else None,
+            documents=msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template=request.chat_template,
+            chat_template_kwargs=request.chat_template_kwargs,
         )
+
+    try:
+        text, ids = await anyio.to_thread.run_sync(render)
     except TokenizerError as exc:
         raise APIError(400, str(exc), param="messages") from None
     return text, ids
