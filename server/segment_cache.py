@@ -179,6 +179,7 @@ class SegmentTokenizer:
         check_samples: int = 300,
         check_seed: int = 0,
         handle_prepend_first: bool = True,
+        share_backend: bool = False,
         log: bool = True,
     ) -> None:
         if max_cached_tokens < 0 or max_entries < 0 or (max_cached_chars is not None and max_cached_chars < 0):
@@ -204,7 +205,7 @@ class SegmentTokenizer:
         self.supported = False
         self.reason: str | None = None
         try:
-            self._prepare(tokenizer, handle_prepend_first=handle_prepend_first)
+            self._prepare(tokenizer, handle_prepend_first=handle_prepend_first, share_backend=share_backend)
             self.supported = True
         except _Unsupported as exc:
             self.reason = str(exc)
@@ -264,7 +265,7 @@ class SegmentTokenizer:
             return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
         return lambda text: tokenizer.encode(text, add_special_tokens=False)
 
-    def _prepare(self, tokenizer: Any, *, handle_prepend_first: bool) -> None:
+    def _prepare(self, tokenizer: Any, *, handle_prepend_first: bool, share_backend: bool) -> None:
         from tokenizers import Tokenizer as RustTokenizer
 
         if isinstance(tokenizer, RustTokenizer):
@@ -319,7 +320,13 @@ class SegmentTokenizer:
             # An rstrip token could swallow the start of the next match; tokenizers then emits overlapping splits.
             raise _Unsupported("an added token starts with whitespace next to rstrip added tokens")
 
-        first = self._private_copy(serialized, RustTokenizer)
+        # A private copy is safe against callers that change the backend's truncation/padding (transformers does,
+        # per call, when asked to truncate or pad); it costs ~120 MB for Qwen's vocabulary. A caller that never
+        # asks for truncation or padding (the server) shares the backend instead (share_backend=True).
+        if share_backend and backend.truncation is None and backend.padding is None:
+            first = backend
+        else:
+            first = self._private_copy(serialized, RustTokenizer)
         rest = first
         if prepend_first and handle_prepend_first:
             config_never = json.loads(serialized)

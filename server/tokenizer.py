@@ -74,7 +74,9 @@ class Tokenizer:
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
         # Chat prompts re-send the whole history every turn: tokenize the text between added tokens once per
         # distinct segment (exact, checked at start-up; falls back to plain encode where it would not be).
-        self.segments = SegmentTokenizer(self.hf)
+        # The backend is shared, not copied (~120 MB for Qwen): the server never asks for truncation or padding,
+        # so transformers never changes the backend's settings under the cache's feet.
+        self.segments = SegmentTokenizer(self.hf, share_backend=True)
         if self.has_chat_template:
             # Compile the template now: the first chat requests would otherwise pay for it (tens of ms).
             with contextlib.suppress(Exception):

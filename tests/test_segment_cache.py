@@ -459,3 +459,21 @@ def test_bare_tokenizers_backend() -> None:
     assert seg.supported, seg.reason
     text = render_chat("phi3", [{"role": "system", "content": "  sys  "}, {"role": "user", "content": " hi\t"}])
     assert seg.encode(text) == backend.encode(text, add_special_tokens=False).ids
+
+
+@cache
+def qwen_shared_segments() -> SegmentTokenizer:
+    return SegmentTokenizer(qwen(), share_backend=True)
+
+
+@PROPERTY
+@given(text=st.lists(st.one_of(st.text(max_size=20), st.sampled_from(QWEN_MARKERS + CHARS)), max_size=20))
+def test_shared_backend_is_exact_too(text) -> None:
+    """The server shares transformers' backend instead of copying it (~120 MB): same results."""
+    seg = qwen_shared_segments()
+    assert seg.supported and seg._first_backend is qwen().backend_tokenizer
+    text = "".join(text)
+    assert seg.encode(text) == reference(qwen(), text)
+    for history in _qwen_chat(4, seed=3):
+        rendered = _render_qwen(history)
+        assert seg.encode(rendered) == reference(qwen(), rendered)
