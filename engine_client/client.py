@@ -435,18 +435,18 @@ class EngineClient:
         *,
         rank: int | None = None,
         prompt_block_hashes: bytes | None = None,
-        prompt_checked: bool = False,
+        trusted: bool = False,
     ) -> RequestStream:
         """Validate, hash (when negotiated), route and send one request; returns its output stream.
 
         `prompt_block_hashes` lets n>1 children share their parent's hashes (spec 7.4 rule 4).
-        `prompt_checked`: the ids come from a tokenizer (or were range-checked by the caller), so the
-        linear per-id check is skipped on the event loop.
+        `trusted`: the ids come from a tokenizer (or were range-checked) and the sampling parameters were
+        validated by the caller, so those checks are not repeated on the event loop.
         """
         if self._closed:
             raise EngineUnavailableError("the engine client is closed")
         request.client_index = self.config.client_index
-        validate_request(request, self.max_model_len, self.config.client_count, check_prompt_ids=not prompt_checked)
+        validate_request(request, self.max_model_len, self.config.client_count, trusted=trusted)
         if request.request_id in self._streams:
             raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight")
         if self.feh_eligible(request):

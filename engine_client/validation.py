@@ -112,11 +112,13 @@ def validate_structured_outputs(so: StructuredOutputsParams) -> None:
 
 
 def validate_request(
-    request: EngineCoreRequest, max_model_len: int, client_count: int, *, check_prompt_ids: bool = True
+    request: EngineCoreRequest, max_model_len: int, client_count: int, *, trusted: bool = False
 ) -> None:
     """ValueError for anything a 0.32 engine would choke on.
 
-    `check_prompt_ids=False` skips the per-id check (linear in the prompt) for ids a tokenizer produced.
+    `trusted=True`: the prompt ids come from a tokenizer (or were range-checked) and the sampling parameters
+    were built and validated by the server (`server.sampling`), so the linear per-id check and a second
+    sampling check are skipped; the structural checks always run.
     """
     if not isinstance(request.request_id, str) or not request.request_id:
         raise ValueError("request_id must be a non-empty string")
@@ -125,13 +127,14 @@ def validate_request(
         raise ValueError("prompt_token_ids is required (prompt embeddings are not supported)")
     if not prompt:
         raise ValueError("the prompt must contain at least one token")
-    if check_prompt_ids:
+    if not trusted:
         _check_prompt_ids(prompt)
     if max_model_len and len(prompt) >= max_model_len:
         raise ValueError(f"the prompt has {len(prompt)} tokens; the engines' max_model_len is {max_model_len}")
     if request.sampling_params is None:
         raise ValueError("sampling_params is required")
-    validate_sampling_params(request.sampling_params)
+    if not trusted:
+        validate_sampling_params(request.sampling_params)
     if request.cache_salt is not None and not isinstance(request.cache_salt, str):
         raise ValueError("cache_salt must be a string")
     if not 0 <= request.client_index < client_count:

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="an engine silent this long (and not answering pings) is taken out of service",
     )
+    serve.add_argument(
+        "--disable-uvicorn-access-log", action="store_true", help="no access-log line per request (saves CPU)"
+    )
     serve.add_argument("--tool-call-parser", default=None, help="tool call parser (known: hermes)")
     serve.add_argument("--enable-auto-tool-choice", action="store_true", help="parse tool calls for tool_choice auto")
     serve.add_argument("--reasoning-parser", default=None, help="reasoning parser (known: qwen3)")
@@ -165,6 +168,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         sse_keep_alive_interval=args.sse_keep_alive_interval,
         shutdown_timeout=args.shutdown_timeout,
         api_server_count=args.api_server_count,
+        disable_uvicorn_access_log=args.disable_uvicorn_access_log,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,

@@ -26,6 +26,7 @@ class ServerConfig:
     allowed_origins: list[str] = field(default_factory=list)
     max_request_body_bytes: int = 32 * 1024 * 1024
     uvicorn_log_level: str = "info"
+    disable_uvicorn_access_log: bool = False
     data_parallel_address: str = "127.0.0.1"
     data_parallel_rpc_port: int = 62100
     data_parallel_size: int = 1

@@ -81,6 +81,7 @@ def run_server(config: ServerConfig, sock: socket.socket | None = None) -> None:
             host=config.host,
             port=config.port,
             log_level=config.uvicorn_log_level,
+            access_log=not config.disable_uvicorn_access_log,
             loop="uvloop",
             http="httptools",
             timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),

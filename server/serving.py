@@ -270,7 +270,7 @@ class Generation:
                     external_req_id=self.external_id,
                 )
                 choice.stream = await engine.add_request(
-                    request, prompt_block_hashes=hashes if shared else None, prompt_checked=True
+                    request, prompt_block_hashes=hashes if shared else None, trusted=True
                 )
                 hashed = choice.stream is not None and request.prompt_block_hashes is not None
                 self.state.metrics.feh_requests.labels(self.state.metrics.model_name, str(hashed).lower()).inc()
