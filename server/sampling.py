@@ -600,70 +600,62 @@ def _has_pattern_and_length_bounds(schema: dict[str, Any]) -> bool:
     return ("pattern" in schema or "format" in schema) and ("minLength" in schema or "maxLength" in schema)
 
 
-def has_xgrammar_unsupported_json_features(schema: dict[str, Any]) -> bool:
-    """Mirror of vLLM 0.32's function of that name (vllm/v1/structured_output/backend_xgrammar.py)."""
+def _any_subobject(obj: Any, predicate: Callable[[dict[str, Any]], bool]) -> bool:
+    """True if `predicate` holds for `obj` or for any dict nested in it (through dict values and lists).
 
-    def check_object(obj: dict[str, Any]) -> bool:
-        if not isinstance(obj, dict):
-            return False
-        types = _schema_types(obj)
-        if (types & {"integer", "number"}) and "multipleOf" in obj:
-            return True
-        if "array" in types and any(k in obj for k in ("uniqueItems", "contains", "minContains", "maxContains")):
-            return True
-        if "string" in types and "format" in obj and obj["format"] not in _STRING_SUPPORTED_FORMATS:
-            return True
-        if "string" in types and _has_pattern_and_length_bounds(obj):
-            return True
-        if "object" in types and "propertyNames" in obj:
-            property_names = obj.get("propertyNames")
-            if isinstance(property_names, dict) and _has_pattern_and_length_bounds(property_names):
+    The walk vLLM's `has_*_unsupported_json_features` functions share.
+    """
+    if not isinstance(obj, dict):
+        return False
+    if predicate(obj):
+        return True
+    for value in obj.values():
+        if isinstance(value, dict):
+            if _any_subobject(value, predicate):
                 return True
-            if "patternProperties" in obj or "properties" in obj:
-                return True
-            if obj.get("unevaluatedProperties", True) is not True:
-                return True
-        if (
-            "object" in types
-            and isinstance(obj.get("patternProperties"), dict)
-            and ("properties" in obj or len(obj["patternProperties"]) > 1)
+        elif isinstance(value, list) and any(
+            isinstance(item, dict) and _any_subobject(item, predicate) for item in value
         ):
             return True
-        allof = obj.get("allOf")
-        if isinstance(allof, list) and len(allof) >= 2:
-            return True
-        for value in obj.values():
-            if isinstance(value, dict):
-                if check_object(value):
-                    return True
-            elif isinstance(value, list):
-                for item in value:
-                    if isinstance(item, dict) and check_object(item):
-                        return True
-        return False
+    return False
 
-    return check_object(schema)
+
+def _xgrammar_unsupported_here(obj: dict[str, Any]) -> bool:
+    types = _schema_types(obj)
+    if (types & {"integer", "number"}) and "multipleOf" in obj:
+        return True
+    if "array" in types and any(k in obj for k in ("uniqueItems", "contains", "minContains", "maxContains")):
+        return True
+    if "string" in types and "format" in obj and obj["format"] not in _STRING_SUPPORTED_FORMATS:
+        return True
+    if "string" in types and _has_pattern_and_length_bounds(obj):
+        return True
+    if "object" in types and "propertyNames" in obj:
+        property_names = obj.get("propertyNames")
+        if isinstance(property_names, dict) and _has_pattern_and_length_bounds(property_names):
+            return True
+        if "patternProperties" in obj or "properties" in obj:
+            return True
+        if obj.get("unevaluatedProperties", True) is not True:
+            return True
+    if (
+        "object" in types
+        and isinstance(obj.get("patternProperties"), dict)
+        and ("properties" in obj or len(obj["patternProperties"]) > 1)
+    ):
+        return True
+    allof = obj.get("allOf")
+    return isinstance(allof, list) and len(allof) >= 2
+
+
+def has_xgrammar_unsupported_json_features(schema: dict[str, Any]) -> bool:
+    """Mirror of vLLM 0.32's function of that name (vllm/v1/structured_output/backend_xgrammar.py)."""
+    return _any_subobject(schema, _xgrammar_unsupported_here)
 
 
 def has_guidance_unsupported_json_features(schema: dict[str, Any]) -> bool:
     """Mirror of vLLM 0.32's function of that name (``patternProperties`` anywhere)."""
-
-    def check_object(obj: dict[str, Any]) -> bool:
-        if not isinstance(obj, dict):
-            return False
-        if "patternProperties" in obj:
-            return True
-        for value in obj.values():
-            if isinstance(value, dict):
-                if check_object(value):
-                    return True
-            elif isinstance(value, list):
-                for item in value:
-                    if isinstance(item, dict) and check_object(item):
-                        return True
-        return False
-
-    return check_object(schema)
+    return _any_subobject(schema, lambda obj: "patternProperties" in obj)
 
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
