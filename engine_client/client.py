@@ -41,12 +41,11 @@ from engine_client.balancer import LoadBalancer
 from engine_client.handshake import (
     ClientAddresses,
     HandshakeError,
-    engine_identity,
     identity_rank,
     run_handshake,
 )
 from engine_client.negotiation import Negotiation, feh_enabled_by_env, negotiate
-from engine_client.protocol import EngineCoreOutput, EngineCoreRequest
+from engine_client.protocol import EngineCoreOutput, EngineCoreRequest, engine_identity
 from engine_client.validation import validate_request
 from hashing import PromptHasher
 

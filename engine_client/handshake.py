@@ -18,6 +18,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from engine_client.protocol import engine_rank
+
 logger = logging.getLogger(__name__)
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -28,13 +30,12 @@ class HandshakeError(RuntimeError):
     """The engines did not complete the handshake (timeout, protocol violation)."""
 
 
-def engine_identity(rank: int) -> bytes:
-    """An engine's ZMQ identity: its global data-parallel rank as 2 bytes little-endian."""
-    return rank.to_bytes(2, "little")
-
-
 def identity_rank(identity: bytes) -> int | None:
-    return int.from_bytes(identity, "little") if len(identity) == 2 else None
+    """The rank behind a ZMQ identity, or None if it is not an engine's 2-byte identity."""
+    try:
+        return engine_rank(identity)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,7 +172,7 @@ class MockEngineRank:
     def __init__(self, config: MockConfig, rank: int, ctx: zmq.Context, stop: threading.Event) -> None:
         self.config = config
         self.rank = rank
-        self.identity = rank.to_bytes(2, "little")
+        self.identity = protocol.engine_identity(rank)
         self.ctx = ctx
         self.stop = stop
         self.running: dict[str, _Running] = {}

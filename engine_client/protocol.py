@@ -38,6 +38,8 @@ from typing import Any, NamedTuple
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
+from hashing import ALGORITHM
+
 __all__ = [
     "COORDINATOR_READY",
     "ENGINE_CORE_DEAD",
@@ -109,7 +111,7 @@ COORDINATOR_READY = b"READY"
 SUBSCRIBE_ALL = b"\x01"
 """What an XSUB sends to subscribe to everything (engines on the coordinator XPUB)."""
 
-FEH_ALGORITHM = "sha256-pickle5-feh1"
+FEH_ALGORITHM = ALGORITHM
 """The only ``native_frontend_hash_config.algorithm`` pyfront understands (spec 7)."""
 
 
