@@ -223,59 +223,52 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
             if mock is not None:
                 mock.stop()
 
-    app = FastAPI(title="pyfront", version=PYFRONT_VERSION, lifespan=lifespan)
+    app = PyfrontApp(title="pyfront", version=PYFRONT_VERSION, lifespan=lifespan)
     app.state.serving = state
     app.state.config = config
     _add_routes(app, state)
     _add_error_handlers(app, state)
     open_paths = {"/health", "/ready"} | (set() if config.metrics_require_api_key else {"/metrics"})
+    # The same user middleware, in the same order (outermost last), around FastAPI and around the fast lane.
+    fast_lane = FastLane(state)
+    lane: ASGIApp = fast_lane
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, keys=config.api_key, open_paths=open_paths)
+        lane = APIKeyMiddleware(lane, keys=config.api_key, open_paths=open_paths)
     if config.allowed_origins:
-        app.add_middleware(
-            CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"], allow_headers=["*"]
-        )
+        cors = {"allow_origins": config.allowed_origins, "allow_methods": ["*"], "allow_headers": ["*"]}
+        app.add_middleware(CORSMiddleware, **cors)
+        lane = CORSMiddleware(lane, **cors)
     app.add_middleware(BodyLimitMiddleware, limit=config.max_request_body_bytes)
+    app.fast_lane = BodyLimitMiddleware(lane, limit=config.max_request_body_bytes)
+    app.fast_paths = frozenset(fast_lane.handlers)
     return app
 
 
 # ---------------------------------------------------------------------- errors
 
 
-def _add_error_handlers(app: FastAPI, state: ServingState) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> Response:
-        state.metrics.error(exc.status)
-        return error_response(exc.status, exc.message, exc.param, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
-        state.metrics.error(400)
-        return error_response(400, str(exc), getattr(exc, "param", None))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+def exception_response(state: ServingState, exc: Exception) -> Response:
+    """The OpenAI error response for an exception raised while handling a request (counted in metrics)."""
+    if isinstance(exc, StarletteHTTPException):
         message = "Not Found" if exc.status_code == 404 else str(exc.detail)
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+    error = serving.engine_error_to_api(exc)
+    if error.status >= 500 and not isinstance(exc, (APIError, serving.DeadlineExceeded, EngineError)):
+        logger.exception("request failed", exc_info=exc)
+    state.metrics.error(error.status)
+    return error_response(error.status, error.message, error.param, error.headers)
 
-    async def mapped(_: Request, exc: Exception) -> Response:
-        """Errors with a known meaning (engine gone, deadline passed, bad value): an OpenAI error body."""
-        error = serving.engine_error_to_api(exc)
-        state.metrics.error(error.status)
-        return error_response(error.status, error.message, error.param, error.headers)
+
+def _add_error_handlers(app: FastAPI, state: ServingState) -> None:
+    async def handle(_: Request, exc: Exception) -> Response:
+        return exception_response(state, exc)
 
     # Handlers for specific classes run in Starlette's ExceptionMiddleware and answer cleanly; a handler
     # for Exception runs in ServerErrorMiddleware, which re-raises after answering (for real bugs only).
-    for kind in (serving.DeadlineExceeded, EngineError, ValueError):
-        app.add_exception_handler(kind, mapped)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> Response:
-        error = serving.engine_error_to_api(exc)
-        if error.status >= 500:
-            logger.exception("request failed", exc_info=exc)
-        state.metrics.error(error.status)
-        return error_response(error.status, error.message, error.param, error.headers)
+    for kind in (APIError, RequestValidationError, StarletteHTTPException, serving.DeadlineExceeded, EngineError,
+                 ValueError, Exception):  # fmt: skip
+        app.add_exception_handler(kind, handle)
 
 
 # ---------------------------------------------------------------------- routes
@@ -300,83 +293,155 @@ def _request_body_schema(name: str) -> dict[str, Any]:
     }
 
 
-def _add_routes(app: FastAPI, state: ServingState) -> None:
-    def header_request_id(request: Request) -> str | None:
-        return request.headers.get("x-request-id")
+class _Headers:
+    """The request headers the completion handlers read, found in one pass over the raw ASGI list."""
 
+    __slots__ = ("request_id", "timeout")
+
+    def __init__(self, scope: Scope) -> None:
+        self.request_id: str | None = None
+        self.timeout: str | None = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                self.request_id = value.decode("latin-1")
+            elif name == b"x-request-timeout":
+                self.timeout = value.decode("latin-1")
+
+
+async def chat_response(state: ServingState, raw: bytes, headers: _Headers) -> Response:
+    """POST /v1/chat/completions: parse -> render/tokenize -> engine -> a JSON or SSE response."""
+    body = await _decode(
+        functools.partial(
+            openai_types.decode_chat_request, allow_request_chat_template=state.allow_request_chat_template
+        ),
+        raw,
+    )
+    model = state.check_model(body.model)
+    state.require_engine()
+    deadline = state.deadline(headers.timeout)
+    admission = state.admit(body.n or 1)
+    try:
+        prompt_text, prompt_ids = await serving.render_chat(state, body)
+        plan = serving.plan_output_parsing(state, body, prompt_text)
+        base = serving.base_request_id(headers.request_id, body.request_id)
+        response_id = f"chatcmpl-{base}"
+        generation = await serving.prepare(
+            state, body, prompt_ids, base_id=response_id, streaming=bool(body.stream), deadline=deadline, plan=plan
+        )
+        response_headers = {"x-request-id": base}
+        if body.stream:
+            frames = serving.chat_stream(state, body, generation, response_id, model)
+            streamed, admission = admission, None
+            return SSEResponse(frames, response_headers, on_close=streamed.release)
+        result = await serving.chat_full(state, body, generation, response_id, model)
+        return Response(_encode(result), media_type="application/json", headers=response_headers)
+    finally:
+        if admission is not None:
+            admission.release()
+
+
+async def completion_response(state: ServingState, raw: bytes, headers: _Headers) -> Response:
+    """POST /v1/completions: parse -> tokenize each prompt -> engine -> a JSON or SSE response."""
+    body = await _decode(openai_types.decode_completion_request, raw)
+    model = state.check_model(body.model)
+    state.require_engine()
+    deadline = state.deadline(headers.timeout)
+    prompts = await serving.tokenize_completion_prompts(state, body)
+    admission = state.admit((body.n or 1) * len(prompts))
+    try:
+        base = serving.base_request_id(headers.request_id, body.request_id)
+        response_id = f"cmpl-{base}"
+        generations: list[Generation] = []
+        try:
+            for i, prompt_ids in enumerate(prompts):
+                sub_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
+                generations.append(
+                    await serving.prepare(
+                        state, body, prompt_ids, base_id=sub_id, streaming=bool(body.stream), deadline=deadline
+                    )
+                )
+        except BaseException:
+            for generation in generations:
+                await generation.abort()
+            raise
+        echo_texts = [state.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
+        batch = CompletionBatch(generations, echo_texts, body.n or 1)
+        response_headers = {"x-request-id": base}
+        if body.stream:
+            frames = serving.completion_stream(state, body, batch, response_id, model)
+            streamed, admission = admission, None
+            return SSEResponse(frames, response_headers, on_close=streamed.release)
+        result = await serving.completion_full(state, body, batch, response_id, model)
+        return Response(_encode(result), media_type="application/json", headers=response_headers)
+    finally:
+        if admission is not None:
+            admission.release()
+
+
+class FastLane:
+    """POST /v1/chat/completions and /v1/completions straight from the server, around FastAPI's stack.
+
+    These two routes carry every token; through FastAPI each `send` of a streamed frame passed several
+    middleware wrappers (error, exception, body-limit and telemetry layers) and each request a dozen
+    more calls. Here a request costs one dispatch and frames go to the server's own `send`. Behaviour is
+    the same as through FastAPI: the same handlers (chat_response / completion_response), the same
+    user middleware (API key, CORS, body limit, wrapped around this lane in create_app), and errors
+    mapped to the same OpenAI error bodies (`exception_response`).
+    """
+
+    def __init__(self, state: ServingState) -> None:
+        self.state = state
+        self.handlers = {"/v1/chat/completions": chat_response, "/v1/completions": completion_response}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.state
+        try:
+            raw = await _read_body(receive)
+            if raw is None:
+                return  # the client left before sending its body
+            response = await self.handlers[scope["path"]](state, raw, _Headers(scope))
+        except Exception as exc:
+            response = exception_response(state, exc)
+        await response(scope, receive, send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class PyfrontApp(FastAPI):
+    """FastAPI, except that the two completion routes take the FastLane (see there)."""
+
+    fast_lane: ASGIApp | None = None
+    fast_paths: frozenset[str] = frozenset()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.fast_lane is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] in self.fast_paths
+        ):
+            await self.fast_lane(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def _add_routes(app: FastAPI, state: ServingState) -> None:
     @app.post("/v1/chat/completions", openapi_extra=_request_body_schema("ChatCompletionRequest"))
     async def chat_completions(request: Request) -> Response:
-        body = await _decode(
-            functools.partial(
-                openai_types.decode_chat_request, allow_request_chat_template=state.allow_request_chat_template
-            ),
-            await request.body(),
-        )
-        model = state.check_model(body.model)
-        state.require_engine()
-        deadline = state.deadline(request.headers.get("x-request-timeout"))
-        admission = state.admit(body.n or 1)
-        try:
-            prompt_text, prompt_ids = await serving.render_chat(state, body)
-            plan = serving.plan_output_parsing(state, body, prompt_text)
-            base = serving.base_request_id(header_request_id(request), body.request_id)
-            response_id = f"chatcmpl-{base}"
-            generation = await serving.prepare(
-                state,
-                body,
-                prompt_ids,
-                base_id=response_id,
-                streaming=bool(body.stream),
-                deadline=deadline,
-                plan=plan,
-            )
-            headers = {"x-request-id": base}
-            if body.stream:
-                frames = serving.chat_stream(state, body, generation, response_id, model)
-                streamed, admission = admission, None
-                return SSEResponse(streamed.guard(frames), headers)
-            result = await serving.chat_full(state, body, generation, response_id, model)
-            return Response(_encode(result), media_type="application/json", headers=headers)
-        finally:
-            if admission is not None:
-                admission.release()
+        return await chat_response(state, await request.body(), _Headers(request.scope))
 
     @app.post("/v1/completions", openapi_extra=_request_body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
-        body = await _decode(openai_types.decode_completion_request, await request.body())
-        model = state.check_model(body.model)
-        state.require_engine()
-        deadline = state.deadline(request.headers.get("x-request-timeout"))
-        prompts = await serving.tokenize_completion_prompts(state, body)
-        admission = state.admit((body.n or 1) * len(prompts))
-        try:
-            base = serving.base_request_id(header_request_id(request), body.request_id)
-            response_id = f"cmpl-{base}"
-            generations: list[Generation] = []
-            try:
-                for i, prompt_ids in enumerate(prompts):
-                    sub_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
-                    generations.append(
-                        await serving.prepare(
-                            state, body, prompt_ids, base_id=sub_id, streaming=bool(body.stream), deadline=deadline
-                        )
-                    )
-            except BaseException:
-                for generation in generations:
-                    await generation.abort()
-                raise
-            echo_texts = [state.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
-            batch = CompletionBatch(generations, echo_texts, body.n or 1)
-            headers = {"x-request-id": base}
-            if body.stream:
-                frames = serving.completion_stream(state, body, batch, response_id, model)
-                streamed, admission = admission, None
-                return SSEResponse(streamed.guard(frames), headers)
-            result = await serving.completion_full(state, body, batch, response_id, model)
-            return Response(_encode(result), media_type="application/json", headers=headers)
-        finally:
-            if admission is not None:
-                admission.release()
+        return await completion_response(state, await request.body(), _Headers(request.scope))
 
     @app.get("/v1/models")
     async def models() -> Response:

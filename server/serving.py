@@ -157,18 +157,6 @@ class Admission:
             self.state.active -= self.count
             self.count = 0
 
-    async def guard(self, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Hold the reservation for as long as a streamed response runs."""
-        try:
-            async for chunk in frames:
-                yield chunk
-        finally:
-            self.release()
-            aclose = getattr(frames, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()
-
 
 def base_request_id(header_id: str | None, body_id: str | None) -> str:
     return header_id or body_id or uuid.uuid4().hex
@@ -198,6 +186,10 @@ class Choice:
     logprob_context: list[int] = field(default_factory=list)
     """The last sampled ids, so a character split over streamed chunks shows as vLLM shows it."""
     text_offset: int = 0
+    generation: Generation | None = None
+    """The Generation this choice belongs to (a completions request has one per prompt)."""
+    number: int = 0
+    """The choice's index in the response: `index`, or for several completion prompts prompt * n + index."""
 
 
 class DeadlineExceeded(Exception):
@@ -239,7 +231,7 @@ class Generation:
         internal = engine_request_id(base_id)
         ids = [internal] if n == 1 else [f"{i}_{internal}" for i in range(n)]
         tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
-        self.choices = [Choice(i, rid, text_factory(tail)) for i, rid in enumerate(ids)]
+        self.choices = [Choice(i, rid, text_factory(tail), generation=self, number=i) for i, rid in enumerate(ids)]
         self.arrival = time.time()
         self.started = time.monotonic()
         self.first_token_at: float | None = None
@@ -341,11 +333,20 @@ class Generation:
             usage["prompt_tokens_details"] = {"cached_tokens": max(cached)}
         return usage
 
-    async def choice_outputs(self, choice: Choice) -> AsyncIterator[EngineCoreOutput | None]:
-        """One choice's engine outputs until its final one, or until the choice is done here.
+    def batches(self) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
+        """Every choice's engine outputs as they arrive: one (choice, outputs) item per wake-up.
 
-        Yields None when `keepalive` seconds pass without output; raises DeadlineExceeded at the deadline.
+        An empty list is a keep-alive tick (`keepalive` seconds without output). Consumers stop reading a
+        batch once its choice is done (a final output or a stop string). One async-generator level per
+        wake-up, not per output, whatever n is: the streaming path pays for it once per engine step.
         """
+        choices = [c for c in self.choices if c.stream is not None]
+        if len(choices) == 1:
+            return self._choice_batches(choices[0])
+        return merge([self._choice_batches(c) for c in choices])
+
+    async def _choice_batches(self, choice: Choice) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
+        """One choice's outputs until its final one; raises DeadlineExceeded at the deadline."""
         stream = choice.stream
         assert stream is not None
         keepalive, deadline = self.keepalive, self.deadline
@@ -360,60 +361,54 @@ class Generation:
                 outputs = await stream.drain(timeout)
             except RequestAbortedError:
                 return  # aborted here (a stop string matched): nothing more to read
-            if not outputs:
-                if keepalive is not None:
-                    yield None
-                continue
-            for output in outputs:
-                yield output
-                if output.finish_reason is not None or choice.done:
+            if outputs:
+                yield choice, outputs
+                # Return after the final output even before the consumer has seen it: with n > 1 this
+                # runs ahead in a pump, and a finished request has nothing more to drain.
+                if any(o.finish_reason is not None for o in outputs):
                     return
-
-    async def events(self) -> AsyncIterator[tuple[Choice, EngineCoreOutput | None]]:
-        """Every engine output of every choice, as it arrives; ends when all choices are done."""
-        choices = [c for c in self.choices if c.stream is not None]
-        if len(choices) == 1:
-            choice = choices[0]
-            async for output in self.choice_outputs(choice):
-                yield choice, output
-            return
-        async for choice, output in merge([(c, self.choice_outputs(c)) for c in choices]):
-            # The pumps read ahead: an output queued before its choice finished here (a stop string) is stale.
-            if output is not None and choice.done:
-                continue
-            yield choice, output
+            elif keepalive is not None:
+                yield choice, outputs
 
 
-async def merge(sources: list[tuple[Any, AsyncIterator[Any]]]) -> AsyncIterator[tuple[Any, Any]]:
-    """Interleave several async iterators as items arrive, tagging each item with its source's key.
+async def merge(sources: list[AsyncIterator[Any]]) -> AsyncIterator[Any]:
+    """Interleave several async iterators as items arrive.
 
     Errors from any source are raised to the consumer; the pumps are cancelled when it stops.
     """
-    queue: asyncio.Queue[tuple[Any, Any] | BaseException | None] = asyncio.Queue()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    done = object()
 
-    async def pump(key: Any, source: AsyncIterator[Any]) -> None:
+    async def pump(source: AsyncIterator[Any]) -> None:
         try:
             async for item in source:
-                await queue.put((key, item))
+                await queue.put(item)
         except BaseException as exc:  # handed to the consumer
-            await queue.put(exc)
+            await queue.put(_Failure(exc))
         finally:
-            await queue.put(None)
+            await queue.put(done)
 
-    tasks = [asyncio.create_task(pump(key, source)) for key, source in sources]
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
     remaining = len(tasks)
     try:
         while remaining:
             item = await queue.get()
-            if item is None:
+            if item is done:
                 remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
+            elif isinstance(item, _Failure):
+                raise item.error
             else:
                 yield item
     finally:
         for task in tasks:
             task.cancel()
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 def engine_error_to_api(exc: BaseException) -> APIError:
@@ -620,8 +615,10 @@ async def chat_full(
     state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
 ) -> dict:
     try:
-        async for choice, output in generation.events():
-            if output is not None:
+        async for choice, outputs in generation.batches():
+            for output in outputs:
+                if choice.done:
+                    break
                 generation.on_output(choice, output)
     except BaseException:
         await generation.abort()
@@ -710,96 +707,24 @@ def _rows(choice: Choice) -> list:
 async def chat_stream(
     state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
 ) -> AsyncIterator[bytes]:
-    created = int(generation.arrival)
-    head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
-    options = request.stream_options
-    include_usage = bool(options and options.include_usage)
-    continuous = bool(options and options.continuous_usage_stats) and include_usage
-    templates = {
-        c.index: ContentTemplate(
-            {
-                **head,
-                "choices": [
-                    {"index": c.index, "delta": {"content": DELTA_MARKER}, "logprobs": None, "finish_reason": None}
-                ],
-            }
-        )
-        for c in generation.choices
-    }
-    # As vLLM, a choice's role chunk goes out with its first engine output, not before: clients time
-    # the first token from the first chunk that has choices.
-    role_pending = {c.index for c in generation.choices}
+    """The SSE body of a streamed chat completion: one bytes item per engine wake-up (one frame per output)."""
+    frames = ChatFrames(state, request, generation, response_id, model)
     try:
-        async for choice, output in generation.events():
-            if output is None:
+        async for choice, outputs in generation.batches():
+            if not outputs:
                 yield KEEPALIVE_FRAME
                 continue
-            if choice.index in role_pending:
-                role_pending.discard(choice.index)
-                yield frame(
-                    {
-                        **head,
-                        "choices": [
-                            {
-                                "index": choice.index,
-                                "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None,
-                                "finish_reason": None,
-                            }
-                        ],
-                    }
-                )
-            rows_before = choice.text.num_tokens
-            delta = generation.on_output(choice, output)
-            logprobs = None
-            if request.logprobs and choice.text.num_tokens > rows_before:
-                new_rows = _rows(choice)[rows_before : choice.text.num_tokens]
-                logprobs = _chat_logprobs(state, choice, new_rows, request)
-            finish_reason = choice.finish_reason
-            if choice.parsed is None:
-                delta_body: dict[str, Any] = {"content": delta} if delta else {}
-            else:
-                delta_body = _parsed_delta(choice, generation.plan, delta, finish_reason is not None)
-                if finish_reason is not None:
-                    finish_reason = _tool_finish_reason(generation.plan, finish_reason, bool(choice.parsed.calls))
-            if finish_reason is not None:
-                body: dict[str, Any] = {
-                    **head,
-                    "choices": [
-                        {
-                            "index": choice.index,
-                            "delta": delta_body,
-                            "logprobs": logprobs,
-                            "finish_reason": finish_reason,
-                            "stop_reason": choice.stop_reason,
-                        }
-                    ],
-                }
-                if continuous:
-                    body["usage"] = generation.usage()
-                yield frame(body)
-            elif delta_body or logprobs is not None:
-                if choice.parsed is None and logprobs is None and not continuous:
-                    yield templates[choice.index].render(delta)
-                else:
-                    body = {
-                        **head,
-                        "choices": [
-                            {
-                                "index": choice.index,
-                                "delta": delta_body,
-                                "logprobs": logprobs,
-                                "finish_reason": None,
-                            }
-                        ],
-                    }
-                    if continuous:
-                        body["usage"] = generation.usage()
-                    yield frame(body)
+            if len(outputs) == 1:
+                yield frames.output(choice, outputs[0])
+                continue
+            parts = []
+            for output in outputs:
+                if choice.done:
+                    break
+                parts.append(frames.output(choice, output))
+            yield b"".join(parts)
         generation.finish_metrics()
-        if include_usage:
-            yield frame({**head, "choices": [], "usage": generation.usage()})
-        yield DONE_FRAME
+        yield frames.closing()
     except (asyncio.CancelledError, GeneratorExit):
         await generation.abort()
         raise
@@ -807,10 +732,80 @@ async def chat_stream(
         await generation.abort()
         error = engine_error_to_api(exc)
         state.metrics.error(error.status)
-        yield sse_error_frame(error.status, error.message)
-        yield DONE_FRAME
+        yield sse_error_frame(error.status, error.message) + DONE_FRAME
     finally:
         await generation.abort()
+
+
+class ChatFrames:
+    """Renders a streamed chat's SSE frames; a plain text delta is one template fill, no dict building."""
+
+    __slots__ = ("continuous", "generation", "head", "include_usage", "request", "role_pending", "state", "templates")
+
+    def __init__(
+        self, state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
+    ) -> None:
+        self.state = state
+        self.request = request
+        self.generation = generation
+        self.head = {"id": response_id, "object": "chat.completion.chunk", "created": int(generation.arrival),
+                     "model": model}  # fmt: skip
+        options = request.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        self.continuous = bool(options and options.continuous_usage_stats) and self.include_usage
+        self.templates = {
+            c.index: ContentTemplate(self._chunk(c.index, {"content": DELTA_MARKER}, None, None))
+            for c in generation.choices
+        }
+        # As vLLM, a choice's role chunk goes out with its first engine output, not before: clients time
+        # the first token from the first chunk that has choices.
+        self.role_pending = {c.index for c in generation.choices}
+
+    def _chunk(self, index: int, delta: dict[str, Any], logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
+        return {
+            **self.head,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        }
+
+    def output(self, choice: Choice, output: EngineCoreOutput) -> bytes:
+        """The frames (possibly none) for one engine output of `choice`."""
+        generation = self.generation
+        prefix = b""
+        if choice.index in self.role_pending:
+            self.role_pending.discard(choice.index)
+            prefix = frame(self._chunk(choice.index, {"role": "assistant", "content": ""}, None, None))
+        request = self.request
+        rows_before = choice.text.num_tokens
+        delta = generation.on_output(choice, output)
+        logprobs = None
+        if request.logprobs and choice.text.num_tokens > rows_before:
+            new_rows = _rows(choice)[rows_before : choice.text.num_tokens]
+            logprobs = _chat_logprobs(self.state, choice, new_rows, request)
+        finish_reason = choice.finish_reason
+        if choice.parsed is None:
+            if finish_reason is None and logprobs is None and not self.continuous:
+                return prefix + self.templates[choice.index].render(delta) if delta else prefix
+            delta_body: dict[str, Any] = {"content": delta} if delta else {}
+        else:
+            delta_body = _parsed_delta(choice, generation.plan, delta, finish_reason is not None)
+            if finish_reason is not None:
+                finish_reason = _tool_finish_reason(generation.plan, finish_reason, bool(choice.parsed.calls))
+        if finish_reason is not None:
+            body = self._chunk(choice.index, delta_body, logprobs, finish_reason)
+            body["choices"][0]["stop_reason"] = choice.stop_reason
+        elif delta_body or logprobs is not None:
+            body = self._chunk(choice.index, delta_body, logprobs, None)
+        else:
+            return prefix
+        if self.continuous:
+            body["usage"] = generation.usage()
+        return prefix + frame(body)
+
+    def closing(self) -> bytes:
+        """The usage chunk (when asked for) and [DONE]."""
+        if self.include_usage:
+            return frame({**self.head, "choices": [], "usage": self.generation.usage()}) + DONE_FRAME
+        return DONE_FRAME
 
 
 # ---------------------------------------------------------------------- completions
@@ -872,9 +867,9 @@ class CompletionBatch:
         self.generations = generations
         self.echo_texts = echo_texts
         self.n = n
-
-    def index(self, prompt_index: int, choice: Choice) -> int:
-        return prompt_index * self.n + choice.index
+        for p, generation in enumerate(generations):
+            for choice in generation.choices:
+                choice.number = p * n + choice.index
 
     async def abort(self) -> None:
         for generation in self.generations:
@@ -885,24 +880,22 @@ class CompletionBatch:
         completion = sum(c.text.num_tokens for g in self.generations for c in g.choices)
         return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
 
-    async def events(self) -> AsyncIterator[tuple[int, Generation, Choice, EngineCoreOutput | None]]:
+    def batches(self) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
+        """Every choice of every prompt, as Generation.batches(); `choice.generation` says whose it is."""
         if len(self.generations) == 1:
-            async for choice, output in self.generations[0].events():
-                yield 0, self.generations[0], choice, output
-            return
-        async for i, (choice, output) in merge([(i, g.events()) for i, g in enumerate(self.generations)]):
-            if output is not None and choice.done:
-                continue  # read ahead by a pump after the choice finished here
-            yield i, self.generations[i], choice, output
+            return self.generations[0].batches()
+        return merge([g.batches() for g in self.generations])
 
 
 async def completion_full(
     state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
 ) -> dict:
     try:
-        async for _, generation, choice, output in batch.events():
-            if output is not None:
-                generation.on_output(choice, output)
+        async for choice, outputs in batch.batches():
+            for output in outputs:
+                if choice.done:
+                    break
+                choice.generation.on_output(choice, output)
     except BaseException:
         await batch.abort()
         raise
@@ -913,7 +906,7 @@ async def completion_full(
         for choice in generation.choices:
             choices.append(
                 {
-                    "index": batch.index(p, choice),
+                    "index": choice.number,
                     "text": echo + choice.text.text,
                     "logprobs": _completion_choice_logprobs(
                         state, _with_offset(choice, len(echo)), request, _rows(choice)
@@ -936,71 +929,27 @@ async def completion_full(
 async def completion_stream(
     state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
 ) -> AsyncIterator[bytes]:
-    created = int(batch.generations[0].arrival)
-    head = {"id": response_id, "object": "text_completion", "created": created, "model": model}
-    options = request.stream_options
-    include_usage = bool(options and options.include_usage)
-    continuous = bool(options and options.continuous_usage_stats) and include_usage
-    templates: dict[int, ContentTemplate] = {}
+    """The SSE body of a streamed completion: one bytes item per engine wake-up (one frame per output)."""
+    frames = CompletionFrames(state, request, batch, response_id, model)
     try:
         if request.echo:
-            for p, generation in enumerate(batch.generations):
-                for choice in generation.choices:
-                    index = batch.index(p, choice)
-                    choice.text_offset = len(batch.echo_texts[p])
-                    yield frame(
-                        {
-                            **head,
-                            "choices": [
-                                {"index": index, "text": batch.echo_texts[p], "logprobs": None, "finish_reason": None}
-                            ],
-                        }
-                    )
-        async for p, generation, choice, output in batch.events():
-            if output is None:
+            yield frames.echo()
+        async for choice, outputs in batch.batches():
+            if not outputs:
                 yield KEEPALIVE_FRAME
                 continue
-            index = batch.index(p, choice)
-            rows_before = choice.text.num_tokens
-            delta = generation.on_output(choice, output)
-            logprobs = None
-            if request.logprobs is not None and choice.text.num_tokens > rows_before:
-                rows = _rows(choice)[rows_before : choice.text.num_tokens]
-                logprobs = _completion_choice_logprobs(state, choice, request, rows)
-            if choice.finish_reason is None and logprobs is None and not continuous:
-                if delta:
-                    template = templates.get(index)
-                    if template is None:
-                        template = templates[index] = ContentTemplate(
-                            {
-                                **head,
-                                "choices": [
-                                    {"index": index, "text": DELTA_MARKER, "logprobs": None, "finish_reason": None}
-                                ],
-                            }
-                        )
-                    yield template.render(delta)
+            if len(outputs) == 1:
+                yield frames.output(choice, outputs[0])
                 continue
-            body: dict[str, Any] = {
-                **head,
-                "choices": [
-                    {
-                        "index": index,
-                        "text": delta,
-                        "logprobs": logprobs,
-                        "finish_reason": choice.finish_reason,
-                        "stop_reason": choice.stop_reason,
-                    }
-                ],
-            }
-            if continuous:
-                body["usage"] = batch.usage()
-            yield frame(body)
+            parts = []
+            for output in outputs:
+                if choice.done:
+                    break
+                parts.append(frames.output(choice, output))
+            yield b"".join(parts)
         for generation in batch.generations:
             generation.finish_metrics()
-        if include_usage:
-            yield frame({**head, "choices": [], "usage": batch.usage()})
-        yield DONE_FRAME
+        yield frames.closing()
     except (asyncio.CancelledError, GeneratorExit):
         await batch.abort()
         raise
@@ -1008,7 +957,69 @@ async def completion_stream(
         await batch.abort()
         error = engine_error_to_api(exc)
         state.metrics.error(error.status)
-        yield sse_error_frame(error.status, error.message)
-        yield DONE_FRAME
+        yield sse_error_frame(error.status, error.message) + DONE_FRAME
     finally:
         await batch.abort()
+
+
+class CompletionFrames:
+    """Renders a streamed completion's SSE frames; a plain text delta is one template fill."""
+
+    __slots__ = ("batch", "continuous", "head", "include_usage", "request", "state", "templates")
+
+    def __init__(
+        self, state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
+    ) -> None:
+        self.state = state
+        self.request = request
+        self.batch = batch
+        self.head = {"id": response_id, "object": "text_completion", "created": int(batch.generations[0].arrival),
+                     "model": model}  # fmt: skip
+        options = request.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        self.continuous = bool(options and options.continuous_usage_stats) and self.include_usage
+        self.templates: dict[int, ContentTemplate] = {}
+
+    def _chunk(self, number: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
+        return {
+            **self.head,
+            "choices": [{"index": number, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        }
+
+    def echo(self) -> bytes:
+        """The prompts' text, one chunk per choice, before any output (echo=true)."""
+        parts = []
+        for p, generation in enumerate(self.batch.generations):
+            for choice in generation.choices:
+                choice.text_offset = len(self.batch.echo_texts[p])
+                parts.append(frame(self._chunk(choice.number, self.batch.echo_texts[p], None, None)))
+        return b"".join(parts)
+
+    def output(self, choice: Choice, output: EngineCoreOutput) -> bytes:
+        """The frame (possibly none) for one engine output of `choice`."""
+        request = self.request
+        rows_before = choice.text.num_tokens
+        delta = choice.generation.on_output(choice, output)
+        logprobs = None
+        if request.logprobs is not None and choice.text.num_tokens > rows_before:
+            rows = _rows(choice)[rows_before : choice.text.num_tokens]
+            logprobs = _completion_choice_logprobs(self.state, choice, request, rows)
+        if choice.finish_reason is None and logprobs is None and not self.continuous:
+            if not delta:
+                return b""
+            template = self.templates.get(choice.number)
+            if template is None:
+                template = self.templates[choice.number] = ContentTemplate(
+                    self._chunk(choice.number, DELTA_MARKER, None, None)
+                )
+            return template.render(delta)
+        body = self._chunk(choice.number, delta, logprobs, choice.finish_reason)
+        body["choices"][0]["stop_reason"] = choice.stop_reason
+        if self.continuous:
+            body["usage"] = self.batch.usage()
+        return frame(body)
+
+    def closing(self) -> bytes:
+        if self.include_usage:
+            return frame({**self.head, "choices": [], "usage": self.batch.usage()}) + DONE_FRAME
+        return DONE_FRAME

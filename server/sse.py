@@ -3,12 +3,14 @@
 Starlette's StreamingResponse only notices a disconnect when a write fails (ASGI spec 2.4), so a
 client that leaves during a long prefill would keep its engine request running. This response
 listens for `http.disconnect` beside the stream and cancels it; the stream's own `finally` then
-aborts the engine request.
+aborts the engine request. It uses one plain asyncio task for that, not a task group: it runs for
+every streamed request.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import msgspec
@@ -45,13 +47,21 @@ class ContentTemplate:
 
 
 class SSEResponse(Response):
-    """Streams `frames` as text/event-stream; cancels them when the client goes away.
+    """Streams `frames` as text/event-stream; stops them when the client goes away.
 
     A Response subclass only so that FastAPI hands it to the server as it is; it renders nothing itself.
+    Each item of `frames` is written with one `send` straight to the server (no wrapping per frame);
+    `on_close` runs once the stream has ended, however it ended.
     """
 
-    def __init__(self, frames: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        frames: AsyncIterator[bytes],
+        headers: dict[str, str] | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self.frames = frames
+        self.on_close = on_close
         self.status_code = 200
         self.background = None
         self.sse_headers = [
@@ -61,26 +71,42 @@ class SSEResponse(Response):
         ] + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as tg:
+        task = asyncio.current_task()
+        assert task is not None
+        streaming = True
+        disconnected = False
 
-            async def watch_disconnect() -> None:
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        tg.cancel_scope.cancel()
-                        return
+        async def watch_disconnect() -> None:
+            # Cancelling the task is safe only while it is inside the streaming loop below: the flag is
+            # read and the cancel requested on the event loop, where the task is suspended at an await.
+            nonlocal disconnected
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected = True
+                    if streaming:
+                        task.cancel()
+                    return
 
-            tg.start_soon(watch_disconnect)
-            try:
-                await send({"type": "http.response.start", "status": 200, "headers": self.sse_headers})
-                async for chunk in self.frames:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except OSError:
-                pass  # the client went away mid-write
-            finally:
-                await _close(self.frames)
-                tg.cancel_scope.cancel()
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.sse_headers})
+            async for chunk in self.frames:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            streaming = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client went away mid-write
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            task.uncancel()  # our own cancel: the client left, which is not an error of this request
+        finally:
+            streaming = False
+            watcher.cancel()
+            await _close(self.frames)
+            if self.on_close is not None:
+                self.on_close()
 
 
 async def _close(frames: AsyncIterator[bytes]) -> None:
