@@ -451,7 +451,10 @@ class EngineClient:
         if self.feh_eligible(request):
             if prompt_block_hashes is None:
                 assert self.hasher is not None and request.prompt_token_ids is not None
-                prompt_block_hashes = await self.hasher.hash_prompt(request.prompt_token_ids, request.cache_salt)
+                # validate_request made sure (or the trusted caller did) that the ids are exact int32 ints.
+                prompt_block_hashes = await self.hasher.hash_prompt(
+                    request.prompt_token_ids, request.cache_salt, checked=True
+                )
             request.prompt_block_hashes = prompt_block_hashes
         else:
             request.prompt_block_hashes = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import anyio
@@ -38,16 +39,25 @@ class PromptHasher:
         self._inline_max_tokens = (inline_max_blocks + 1) * config.block_size - 1
         self._limiter = anyio.CapacityLimiter(max_threads)
 
-    def hash_prompt_sync(self, token_ids: Sequence[int], cache_salt: str | None = None) -> bytes | None:
-        """The packed blob, on the calling thread; None for a prompt shorter than one block."""
-        chain = self.memo.chain(token_ids, cache_salt)
+    def hash_prompt_sync(
+        self, token_ids: Sequence[int], cache_salt: str | None = None, *, checked: bool = False
+    ) -> bytes | None:
+        """The packed blob, on the calling thread; None for a prompt shorter than one block.
+
+        `checked`: the ids are known to be a list of exact int32 ints (see `PrefixMemo.chain`).
+        """
+        chain = self.memo.chain(token_ids, cache_salt, checked=checked)
         return self._header + chain if chain else None
 
-    async def hash_prompt(self, token_ids: Sequence[int], cache_salt: str | None = None) -> bytes | None:
+    async def hash_prompt(
+        self, token_ids: Sequence[int], cache_salt: str | None = None, *, checked: bool = False
+    ) -> bytes | None:
         """The packed blob for the prompt (None if shorter than one block), hashed on a worker thread."""
         num_tokens = len(token_ids)
         if num_tokens < self.config.block_size:
             return None
         if num_tokens <= self._inline_max_tokens:
-            return self.hash_prompt_sync(token_ids, cache_salt)
-        return await anyio.to_thread.run_sync(self.hash_prompt_sync, token_ids, cache_salt, limiter=self._limiter)
+            return self.hash_prompt_sync(token_ids, cache_salt, checked=checked)
+        return await anyio.to_thread.run_sync(
+            functools.partial(self.hash_prompt_sync, token_ids, cache_salt, checked=checked), limiter=self._limiter
+        )

@@ -15,19 +15,34 @@ way (marshal raises for objects it cannot write and uses other type codes for bo
 ints). Prompts that fail the check skip the memo and are hashed cold. marshal is the cheapest exact
 serialization of a list of Python ints here (~6 ns per id, half of array('i')).
 
+Recent prompts (the fast path of a growing chat). Serializing 100k ids costs ~0.7 ms, most of a warm
+call. So the memo also keeps, for the `recent_prompts` latest prompts, a copy of their full-block ids,
+their chain, their keys and the SHA-256 state at their end. A caller that vouches for its ids
+(`checked=True`: every id an exact int32, as `engine_client.validation` guarantees after
+`validate_request`) gets its prompt compared against those copies with one list comparison (`==` on
+lists first compares pointers, so ids shared with the tokenizer's cache cost ~1 ns each). When a copy
+is a prefix, its keys, SHA-256 state and chain are taken over and only the ids after it are serialized
+and hashed. Exactness: the ids are equal element by element, both lists hold exact ints only (the copy
+passed the marshal check or was vouched for, the prompt is vouched for), so the prefixes' serializations,
+keys and chains are equal. Without `checked` the prompt could hold `True` where the copy holds `1`
+(equal under `==`, different pickles), so such calls take the fingerprint path.
+
 Memory: an entry keeps its chain as one bytes object (32 bytes per block) plus one key per checkpoint
 (~150 bytes), so a 100k-token prompt costs ~200 KB at block size 16 and ~100 KB at 32; the LRU holds
-at most `max_entries` prompts.
+at most `max_entries` prompts. The recent copies add 8 bytes per token (a list of pointers to ints
+the tokenizer holds anyway) for at most `recent_prompts` prompts: 3.2 MB for four 100k-token prompts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import marshal
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hashing.blocks import hash_chain, salt_extra_keys
 from hashing.config import DIGEST_SIZE, HashConfig
@@ -36,6 +51,7 @@ _MARSHAL_VERSION = 2  # version 2 writes no back-references, so equal lists give
 _MARSHAL_HEADER = 5  # b"[" or b"(" + int32 element count
 _MARSHAL_ITEM = 5  # b"i" + int32
 _RECENT_ENDS = 16  # extra fingerprint points: full-block ends of the latest prompts
+_RECENT_PROMPTS = 4  # prompts whose full-block ids are kept for the checked fast path
 
 # (cache salt or None, prefix length in tokens, SHA-256 of the prefix's serialized ids)
 _Key = tuple[str | None, int, bytes]
@@ -55,6 +71,8 @@ class MemoStats:
     """Calls whose ids the serialization cannot represent (hashed cold, not memoized)."""
     entries: int = 0
     """Prompts held now."""
+    recent_hits: int = 0
+    """Calls (checked=True) that extended a recent prompt without serializing the shared prefix."""
 
 
 class _Entry:
@@ -65,14 +83,35 @@ class _Entry:
         self.keys = keys
 
 
+class _Recent:
+    """A recent prompt: its full-block ids (a private copy), salt, keys, chain and SHA-256 state at its end."""
+
+    __slots__ = ("chain", "ids", "keys", "salt", "sha")
+
+    def __init__(self, ids: list, salt: str | None, keys: list[_Key], chain: bytes, sha: Any) -> None:
+        self.ids = ids
+        self.salt = salt
+        self.keys = keys
+        self.chain = chain
+        self.sha = sha
+
+
 class PrefixMemo:
     """Thread-safe; `block_hashes` always equals `hashing.block_hashes` for the same config."""
 
-    def __init__(self, config: HashConfig, checkpoint_tokens: int = 1024, max_entries: int = 1024) -> None:
+    def __init__(
+        self,
+        config: HashConfig,
+        checkpoint_tokens: int = 1024,
+        max_entries: int = 1024,
+        recent_prompts: int = _RECENT_PROMPTS,
+    ) -> None:
         if checkpoint_tokens < 1:
             raise ValueError("checkpoint_tokens must be >= 1")
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
+        if recent_prompts < 0:
+            raise ValueError("recent_prompts must be >= 0")
         block_size = config.block_size
         self.config = config
         self.max_entries = max_entries
@@ -81,7 +120,9 @@ class PrefixMemo:
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # by end key, oldest first
         self._index: dict[_Key, _Key] = {}  # checkpoint key -> end key of the newest entry holding it
         self._recent_ends: deque[int] = deque(maxlen=_RECENT_ENDS)
+        self._recent: deque[_Recent] = deque(maxlen=recent_prompts)
         self._requests = self._hits = self._blocks_total = self._blocks_hashed = self._skipped = 0
+        self._recent_hits = 0
 
     @property
     def stats(self) -> MemoStats:
@@ -93,14 +134,21 @@ class PrefixMemo:
                 self._blocks_hashed,
                 self._skipped,
                 len(self._entries),
+                self._recent_hits,
             )
 
-    def block_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
-        chain = self.chain(token_ids, cache_salt)
+    def block_hashes(
+        self, token_ids: Sequence[int], cache_salt: str | None = None, *, checked: bool = False
+    ) -> list[bytes]:
+        chain = self.chain(token_ids, cache_salt, checked=checked)
         return [chain[i : i + DIGEST_SIZE] for i in range(0, len(chain), DIGEST_SIZE)]
 
-    def chain(self, token_ids: Sequence[int], cache_salt: str | None = None) -> bytes:
-        """The concatenated digests of every full block (b"" for a prompt shorter than one block)."""
+    def chain(self, token_ids: Sequence[int], cache_salt: str | None = None, *, checked: bool = False) -> bytes:
+        """The concatenated digests of every full block (b"" for a prompt shorter than one block).
+
+        `checked=True` is the caller's word that `token_ids` is a list of exact ints in int32 range (no bools,
+        no int subclasses): then a prompt that extends a recent one skips serializing the shared prefix.
+        """
         extra_keys = salt_extra_keys(cache_salt)
         salt = cache_salt if extra_keys else None
         block_size = self.config.block_size
@@ -111,19 +159,28 @@ class PrefixMemo:
             return b""
         full = num_blocks * block_size
 
-        checkpoints = self._fingerprints(token_ids, full, salt)
-        if checkpoints is None:
-            hashes = hash_chain(tuple(token_ids[:full]), block_size, self.config.none_hash, extra_keys)
-            with self._lock:
-                self._requests += 1
-                self._skipped += 1
-                self._blocks_total += num_blocks
-                self._blocks_hashed += num_blocks
-            return b"".join(hashes)
+        found = self._extend_recent(token_ids, full, salt) if checked and type(token_ids) is list else None
+        if found is not None:
+            checkpoints, sha, reused, same = found
+        else:
+            same = None
+            fingerprinted = self._fingerprints(token_ids, full, salt)
+            if fingerprinted is None:
+                hashes = hash_chain(tuple(token_ids[:full]), block_size, self.config.none_hash, extra_keys)
+                with self._lock:
+                    self._requests += 1
+                    self._skipped += 1
+                    self._blocks_total += num_blocks
+                    self._blocks_hashed += num_blocks
+                return b"".join(hashes)
+            checkpoints, sha = fingerprinted
+            reused = b""
 
-        reused = b""
+        reused_tokens = len(reused) // DIGEST_SIZE * block_size
         with self._lock:
             for key in reversed(checkpoints):
+                if key[1] <= reused_tokens:
+                    break  # the recent prompt already gives this much
                 end_key = self._index.get(key)
                 if end_key is not None:
                     entry = self._entries[end_key]
@@ -140,16 +197,55 @@ class PrefixMemo:
         else:
             chain = b"".join(hash_chain(tuple(token_ids[:full]), block_size, self.config.none_hash, extra_keys))
 
+        recent = same
+        if recent is None and self._recent.maxlen and type(token_ids) is list:
+            recent = _Recent(token_ids[:full], salt, checkpoints, chain, sha)  # the copy is made outside the lock
         with self._lock:
             self._requests += 1
             self._hits += start > 0
+            self._recent_hits += found is not None
             self._blocks_total += num_blocks
             self._blocks_hashed += num_blocks - start // block_size
             self._store(checkpoints, chain)
+            if recent is not None:
+                if recent is same:
+                    with contextlib.suppress(ValueError):
+                        self._recent.remove(same)
+                self._recent.append(recent)
         return chain
 
-    def _fingerprints(self, token_ids: list | tuple, full: int, salt: str | None) -> list[_Key] | None:
-        """Keys of every checkpoint of the full-block region, shallowest first; None if not memoizable."""
+    def _extend_recent(
+        self, token_ids: list, full: int, salt: str | None
+    ) -> tuple[list[_Key], Any, bytes, _Recent | None] | None:
+        """(keys, SHA-256 state at `full`, chain of the shared prefix, the recent prompt if it is all of
+        `token_ids[:full]`) from the longest recent prompt that is a prefix of `token_ids[:full]` (same salt);
+        None when there is none or the rest is not serializable."""
+        with self._lock:
+            candidates = sorted(
+                (r for r in self._recent if r.salt == salt and len(r.ids) <= full), key=lambda r: -len(r.ids)
+            )
+        for recent in candidates:
+            ids = recent.ids
+            done = len(ids)
+            # Cheap rejections first: the last and first ids, then the whole prefix at pointer speed.
+            if token_ids[done - 1] != ids[-1] or token_ids[0] != ids[0]:
+                continue
+            if (token_ids if len(token_ids) == done else token_ids[:done]) != ids:
+                continue
+            if done == full:
+                return recent.keys, recent.sha, recent.chain, recent
+            tail = self._serialize(token_ids[done:full])
+            if tail is None:
+                return None
+            sha = recent.sha.copy()
+            keys = list(recent.keys)
+            self._fingerprint_points(keys, sha, memoryview(tail), done, full, salt)
+            return keys, sha, recent.chain, None
+        return None
+
+    @staticmethod
+    def _serialize(token_ids: list | tuple) -> bytes | None:
+        """marshal v2 of the ids if every id is an exact int32 (b"i" + 4 bytes each), else None."""
         try:
             serialized = marshal.dumps(token_ids, _MARSHAL_VERSION)
         except ValueError:  # an object marshal cannot write: not a plain int list
@@ -160,21 +256,34 @@ class PrefixMemo:
             or serialized[_MARSHAL_HEADER::_MARSHAL_ITEM] != b"i" * n
         ):
             return None
-        view = memoryview(serialized)
+        return serialized
+
+    def _fingerprints(self, token_ids: list | tuple, full: int, salt: str | None) -> tuple[list[_Key], Any] | None:
+        """Keys of every checkpoint of the full-block region, shallowest first, and the SHA-256 state at `full`;
+        None if not memoizable."""
+        serialized = self._serialize(token_ids)
+        if serialized is None:
+            return None
         sha = hashlib.sha256()
         keys: list[_Key] = []
-        done = _MARSHAL_HEADER
+        self._fingerprint_points(keys, sha, memoryview(serialized), 0, full, salt)
+        return keys, sha
+
+    def _fingerprint_points(
+        self, keys: list[_Key], sha: Any, serialized: memoryview, offset: int, full: int, salt: str | None
+    ) -> None:
+        """Append the keys of the points in (offset, full]; `serialized` is marshal of the ids from `offset` on."""
         stride = self.checkpoint_tokens
         with self._lock:
-            recent = {end for end in self._recent_ends if end < full and end % stride}
-        points = sorted(recent.union(range(stride, full, stride)))
+            recent = {end for end in self._recent_ends if offset < end < full and end % stride}
+        points = sorted(recent.union(range((offset // stride + 1) * stride, full, stride)))
         points.append(full)
+        done = _MARSHAL_HEADER
         for point in points:
-            end = _MARSHAL_HEADER + _MARSHAL_ITEM * point
-            sha.update(view[done:end])
+            end = _MARSHAL_HEADER + _MARSHAL_ITEM * (point - offset)
+            sha.update(serialized[done:end])
             done = end
             keys.append((salt, point, sha.copy().digest()))
-        return keys
 
     def _touch(self, end_key: _Key, entry: _Entry) -> None:
         """Mark an entry newest and point its checkpoints back at it (lock held)."""

@@ -321,12 +321,19 @@ async def chat_response(state: ServingState, raw: bytes, headers: _Headers) -> R
     deadline = state.deadline(headers.timeout)
     admission = state.admit(body.n or 1)
     try:
-        prompt_text, prompt_ids = await serving.render_chat(state, body)
+        prompt_text, prompt_ids, hashes = await serving.render_chat(state, body, hash_prompt=True)
         plan = serving.plan_output_parsing(state, body, prompt_text)
         base = serving.base_request_id(headers.request_id, body.request_id)
         response_id = f"chatcmpl-{base}"
         generation = await serving.prepare(
-            state, body, prompt_ids, base_id=response_id, streaming=bool(body.stream), deadline=deadline, plan=plan
+            state,
+            body,
+            prompt_ids,
+            base_id=response_id,
+            streaming=bool(body.stream),
+            deadline=deadline,
+            plan=plan,
+            prompt_block_hashes=hashes,
         )
         response_headers = {"x-request-id": base}
         if body.stream:
@@ -509,7 +516,7 @@ def _add_routes(app: FastAPI, state: ServingState) -> None:
                 chat_template_kwargs=body.chat_template_kwargs,
                 tools=body.tools,
             )
-            _, ids = await serving.render_chat(state, chat)
+            _, ids, _ = await serving.render_chat(state, chat)
         elif body.prompt is not None:
             prompt = body.prompt
             ids = await anyio.to_thread.run_sync(

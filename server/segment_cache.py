@@ -26,12 +26,26 @@ where encoding the piece alone matches them the same way. This module therefore:
   that do not start the input, and the cache key says which kind a piece is);
 * concatenates the pieces' ids with the added tokens' ids.
 
+Cache misses (the new message of a chat turn) are encoded per pre-token where that is exact and faster: for the
+byte-level BPE families whose pre-tokenizer is ``Sequence[Split(<GPT-4-style regex>, Isolated), ByteLevel(use_regex=
+False)]`` (Qwen2/Qwen3, Llama 3, cl100k-style), an ASCII piece is split with an ASCII transcription of the regex in
+Python's ``re`` (:data:`_ASCII_PRE_TOKENIZERS`) and each pre-token's ids come from a bounded word cache, the words it
+lacks encoded alone by the backend. Why this is exact: the normalizer is a Unicode normal form or nothing, the
+identity on ASCII; on ASCII text the transcription matches what Oniguruma's regex matches (``\\p{L}`` = ``[A-Za-z]``,
+``\\p{N}`` = ``[0-9]``, ``\\s`` = ``[\\t\\n\\v\\f\\r ]``, checked: the matches must tile the piece);
+``ByteLevel`` and BPE work per pre-token; and a pre-token encoded alone pre-tokenizes to itself (the regex has no
+look-behind, its only look-ahead is ``(?!\\S)``, which an end of text satisfies as the following whitespace did).
+About 8x faster than the backend on English prose once the words are cached (0.2 ms instead of 1.6 ms for 2,000
+tokens).
+
 Start-up checks decide whether that holds for the loaded tokenizer: a static inspection of its configuration (known
 model, pre-tokenizer and post-processor types, no BPE dropout, no ``single_word`` split tokens, no
 ``split_special_tokens``, transformers' ``encode`` not overridden) and a randomized equivalence test against the
 tokenizer's own ``encode`` (a few hundred strings mixing added tokens, whitespace runs around them, partial added
 tokens, CJK, emoji, combining marks, jamo). If either fails, the instance falls back to plain ``encode`` and says why
-in :attr:`SegmentTokenizer.reason` (logged once).
+in :attr:`SegmentTokenizer.reason` (logged once). The per-pre-token path has its own randomized check on ASCII
+strings (every ASCII character, contractions, whitespace runs); if it fails, only that path is turned off
+(:attr:`SegmentTokenizer.word_reason`).
 
 The cache assumes the tokenizer is not modified after construction (``add_tokens`` etc.): build a new instance then.
 """
@@ -46,6 +60,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import chain
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -81,6 +96,23 @@ _ID_PRESERVING_POST_PROCESSORS = frozenset(
 )
 _DETERMINISTIC_MODELS = frozenset({"BPE", "Unigram", "WordLevel", "WordPiece"})
 
+#: Pre-tokenizer regexes (as tokenizer.json spells them) -> the same regex on ASCII text, for Python's ``re``.
+#: Oniguruma's ``\s`` on ASCII is ``[\t\n\v\f\r ]`` (not U+001C..U+001F, which Python's ``\s`` adds).
+_ASCII_SPACE = "\t\n\x0b\x0c\r "
+_GPT4_STYLE_HEAD = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
+_GPT4_STYLE_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_ASCII_HEAD = "'(?:[sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD])|[^\r\nA-Za-z0-9]?[A-Za-z]+|"
+_ASCII_TAIL = f"| ?[^{_ASCII_SPACE}A-Za-z0-9]+[\r\n]*|[{_ASCII_SPACE}]*[\r\n]+|[{_ASCII_SPACE}]+(?![^{_ASCII_SPACE}])"
+_ASCII_TAIL += f"|[{_ASCII_SPACE}]+"
+_ASCII_PRE_TOKENIZERS: dict[str, str] = {
+    _GPT4_STYLE_HEAD + r"\p{N}" + _GPT4_STYLE_TAIL: _ASCII_HEAD + "[0-9]" + _ASCII_TAIL,  # Qwen2 / Qwen3
+    _GPT4_STYLE_HEAD + r"\p{N}{1,3}" + _GPT4_STYLE_TAIL: _ASCII_HEAD + "[0-9]{1,3}" + _ASCII_TAIL,  # Llama 3 / cl100k
+}
+#: Unicode normal forms leave ASCII text unchanged.
+_ASCII_IDENTITY_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})
+_DEFAULT_MAX_CACHED_WORDS = 32_768
+_MAX_WORD_CHARS = 64
+
 _DEFAULT_MAX_CACHED_TOKENS = 2_000_000
 _DEFAULT_MAX_ENTRIES = 100_000
 _CHARS_PER_TOKEN_BOUND = 8
@@ -96,6 +128,8 @@ class SegmentCacheStats:
     segment_hits: int = 0  #: ... served without encoding
     tokens_from_cache: int = 0  #: tokens of the segments served without encoding
     tokens_encoded: int = 0  #: tokens of the segments encoded (misses)
+    word_path_segments: int = 0  #: missed segments encoded per pre-token (ASCII, byte-level BPE)
+    words_encoded: int = 0  #: pre-tokens the word cache lacked (encoded by the backend)
     evictions: int = 0  #: cache entries dropped to stay within the bounds
     cached_entries: int = 0
     cached_tokens: int = 0
@@ -181,6 +215,8 @@ class SegmentTokenizer:
         handle_prepend_first: bool = True,
         share_backend: bool = False,
         log: bool = True,
+        word_path: bool = True,
+        max_cached_words: int = _DEFAULT_MAX_CACHED_WORDS,
     ) -> None:
         if max_cached_tokens < 0 or max_entries < 0 or (max_cached_chars is not None and max_cached_chars < 0):
             raise ValueError("cache bounds must be >= 0")
@@ -201,19 +237,33 @@ class SegmentTokenizer:
         self._strip_mode = False
         self._first_backend: Any = None
         self._rest_backend: Any = None
+        self._word_pattern: re.Pattern[str] | None = None
+        self._words: dict[str, list[int]] = {}
+        self._word_separator: tuple[str, int] | None = None
+        self.max_cached_words = max_cached_words
+        #: Why misses are not encoded per pre-token (None when they are).
+        self.word_reason: str | None = "segment memoization is off"
         #: Whether encode() memoizes (False: plain encode), and why not.
         self.supported = False
         self.reason: str | None = None
         try:
-            self._prepare(tokenizer, handle_prepend_first=handle_prepend_first, share_backend=share_backend)
+            self._prepare(
+                tokenizer, handle_prepend_first=handle_prepend_first, share_backend=share_backend, word_path=word_path
+            )
             self.supported = True
         except _Unsupported as exc:
             self.reason = str(exc)
         if self.supported and self_check:
+            if self._word_pattern is not None:
+                self.word_reason = self._word_path_test(check_samples, check_seed)
+                if self.word_reason is not None:
+                    self._word_pattern = None
             self.reason = self._equivalence_test(check_samples, check_seed)
             self.supported = self.reason is None
             self.clear()
             self._counters = dict.fromkeys(SegmentCacheStats.__dataclass_fields__, 0)
+        if not self.supported:
+            self._word_pattern = None
         if log:
             name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
             if self.supported:
@@ -250,9 +300,10 @@ class SegmentTokenizer:
             return SegmentCacheStats(**self._counters)
 
     def clear(self) -> None:
-        """Drop every cached segment (the counters stay)."""
+        """Drop every cached segment and word (the counters stay)."""
         with self._lock:
             self._cache.clear()
+            self._words = {}
             self._counters["cached_entries"] = self._counters["cached_tokens"] = self._counters["cached_chars"] = 0
 
     # ------------------------------------------------------------------ set-up
@@ -265,7 +316,7 @@ class SegmentTokenizer:
             return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
         return lambda text: tokenizer.encode(text, add_special_tokens=False)
 
-    def _prepare(self, tokenizer: Any, *, handle_prepend_first: bool, share_backend: bool) -> None:
+    def _prepare(self, tokenizer: Any, *, handle_prepend_first: bool, share_backend: bool, word_path: bool) -> None:
         from tokenizers import Tokenizer as RustTokenizer
 
         if isinstance(tokenizer, RustTokenizer):
@@ -343,6 +394,57 @@ class SegmentTokenizer:
         self._strip_mode = strip_mode
         self._first_backend = first
         self._rest_backend = rest
+        pattern, self.word_reason = self._ascii_word_pattern(config) if word_path else (None, "disabled")
+        self._word_pattern = re.compile(pattern) if pattern is not None else None
+        self._word_separator = self._pick_separator(split_tokens)
+
+    @staticmethod
+    def _pick_separator(split_tokens: dict[str, _SplitToken]) -> tuple[str, int] | None:
+        """An added token that, placed between words free of added tokens, is always matched as itself: it strips no
+        whitespace, and no other added token contains it or overlaps it (so none can match across a join)."""
+        for content, token in split_tokens.items():
+            if token.lstrip or token.rstrip:
+                continue
+            if all(
+                content not in other
+                and not any(
+                    other.endswith(content[:k]) or other.startswith(content[k:]) for k in range(1, len(content))
+                )
+                for other in split_tokens
+                if other != content
+            ):
+                return content, token.id
+        return None
+
+    @staticmethod
+    def _ascii_word_pattern(config: dict[str, Any]) -> tuple[str | None, str | None]:
+        """(the ASCII transcription of the pre-tokenizer regex, None) when misses can be encoded per pre-token,
+        else (None, why not)."""
+        normalizer = config.get("normalizer")
+        if normalizer is not None and normalizer.get("type") not in _ASCII_IDENTITY_NORMALIZERS:
+            return None, f"normalizer {normalizer.get('type')!r} may change ASCII text"
+        if (config.get("model") or {}).get("type") != "BPE":
+            return None, "not a BPE model"
+        pre = config.get("pre_tokenizer") or {}
+        members = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+        if not members or len(members) != 2:
+            return None, "pre-tokenizer is not Sequence[Split, ByteLevel]"
+        split, byte_level = members
+        if (
+            split.get("type") != "Split"
+            or split.get("behavior") != "Isolated"
+            or split.get("invert")
+            or byte_level.get("type") != "ByteLevel"
+            or byte_level.get("add_prefix_space")
+            or byte_level.get("use_regex")
+        ):
+            return None, "pre-tokenizer is not Sequence[Split(Isolated), ByteLevel(no prefix space, no regex)]"
+        pattern = _ASCII_PRE_TOKENIZERS.get((split.get("pattern") or {}).get("Regex"))
+        if pattern is None:
+            return None, "unknown pre-tokenizer regex"
+        if any(token.get("normalized") and token.get("content") for token in config.get("added_tokens") or ()):
+            return None, "normalized added tokens would have to be matched inside words"
+        return pattern, None
 
     @staticmethod
     def _check_transformers_class(tokenizer: Any) -> None:
@@ -441,9 +543,70 @@ class SegmentTokenizer:
                 append(parts[2 * i + 1])
         return out
 
+    def _encode_words(self, text: str) -> list[int] | None:
+        """The ids of an ASCII piece, per pre-token through the word cache; None when the path does not apply."""
+        pattern = self._word_pattern
+        if pattern is None or not text.isascii():
+            return None
+        words = pattern.findall(text)
+        if sum(map(len, words)) != len(text):  # the matches must tile the piece (they always do for these regexes)
+            return None
+        table = self._words  # never shrunk in place (clear/evict replace it), so what we add stays for this call
+        missing = list(set(words).difference(table))
+        if missing:
+            if max(map(len, missing)) > _MAX_WORD_CHARS:
+                return None  # long runs of spaces or symbols: let the backend take the whole piece
+            table.update(self._encode_words_alone(missing))
+        out = list(chain.from_iterable(map(table.__getitem__, words)))
+        with self._lock:
+            self._counters["word_path_segments"] += 1
+            self._counters["words_encoded"] += len(missing)
+            if len(self._words) > self.max_cached_words:
+                self._words = {}
+        return out
+
+    def _encode_words_alone(self, words: list[str]) -> dict[str, list[int]]:
+        """Each word's ids as if encoded alone.
+
+        One backend call for all of them: the words joined by an added token that is split out in step 1 and strips
+        no whitespace, so each word is a piece of its own (whose ids depend only on its text) and every join yields
+        exactly one separator id. If the separator ids are not exactly ``len(words) - 1`` (a word's own ids holding
+        that id), the words are encoded one by one instead (per-text overhead: ~3 us a word).
+        """
+        ints = self._ints
+        out: dict[str, list[int]] = {}
+        separator = self._word_separator
+        if separator is not None and len(words) > 1:
+            content, sep_id = separator
+            ids = self._batch(self._rest_backend, [content.join(words)])[0].ids
+            if ids.count(sep_id) == len(words) - 1:
+                start = 0
+                for word in words[:-1]:
+                    stop = ids.index(sep_id, start)
+                    out[word] = ids[start:stop]
+                    start = stop + 1
+                out[words[-1]] = ids[start:]
+        if len(out) != len(words):
+            out = {
+                word: encoding.ids for word, encoding in zip(words, self._batch(self._rest_backend, words), strict=True)
+            }
+        try:  # share the int objects with the segment cache
+            return {word: list(map(ints.__getitem__, ids)) for word, ids in out.items()}
+        except IndexError:
+            return out
+
     def _encode_misses(self, misses: dict[Any, list[int]]) -> None:
         first = [key for key in misses if isinstance(key, tuple)]
         rest = [key for key in misses if not isinstance(key, tuple)]
+        if self._word_pattern is not None:
+            backend_rest = []
+            for key in rest:
+                ids = self._encode_words(key)
+                if ids is None:
+                    backend_rest.append(key)
+                else:
+                    misses[key] = ids
+            rest = backend_rest
         ints = self._ints
         for backend, keys, texts in (
             (self._first_backend, first, [key[1] for key in first]),
@@ -494,6 +657,33 @@ class SegmentTokenizer:
 
     # ------------------------------------------------------------------ the self-check
 
+    def _word_path_test(self, samples: int, seed: int) -> str | None:
+        """Compare the per-pre-token path with the tokenizer's own encode on random ASCII strings; the reason on
+        mismatch (None when equal)."""
+        rng = random.Random(seed)
+        ascii_chars = [chr(c) for c in range(128)]
+        fragments = [*ascii_chars, *_WORD_CHECK_FRAGMENTS]
+        texts = ["".join(rng.choice(fragments) for _ in range(rng.randint(1, 24))) for _ in range(samples * 2)]
+        texts += ascii_chars
+        texts += [a + b for a in _WORD_CHECK_SPACES for b in (*_WORD_CHECK_SPACES, "a", "'s", "1", "!", "\n")]
+        pattern = self._pattern
+        saved = self._words
+        self._words = {}
+        try:
+            for text in texts:
+                if pattern is not None and pattern.search(text):
+                    continue  # contains an added token: not a piece
+                expected = self._reference(text)
+                for _ in range(2):  # the second time from the word cache
+                    got = self._encode_words(text)
+                    if got is not None and got != expected:
+                        return f"word path mismatch on {text[:80]!r}"
+        except Exception as exc:
+            return f"word path check failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._words = saved
+        return None
+
     def _equivalence_test(self, samples: int, seed: int) -> str | None:
         """Compare the memoized path with the tokenizer's own encode on randomized strings; the reason on mismatch."""
         rng = random.Random(seed)
@@ -531,6 +721,17 @@ class SegmentTokenizer:
             return f"self-check failed: {type(exc).__name__}: {exc}"
         return None
 
+
+#: ASCII whitespace as Oniguruma sees it and as Python's ``\s`` does (U+001C..U+001F), for the word-path check.
+_WORD_CHECK_SPACES = (" ", "  ", "\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\n\n ")
+_WORD_CHECK_FRAGMENTS = (
+    *_WORD_CHECK_SPACES,
+    *("'s", "'S", "'t", "'T", "'re", "'RE", "'rE", "'ve", "'Ve", "'m", "'M", "'ll", "'LL", "'lL", "'d", "'D"),
+    *("'x", "''", "'", "'r", "'v", "'l", "'sx", "'llama", "don't", "I'M", "they'Re"),
+    *(" hello", "Hello", "HELLO", "world", " a", "b", "x1", "3d", "123", "4567", " 89", "1,000", "3.14"),
+    *(" !", "!!", " ...", "?!\n", ".\n\n", "--", " --\n", "#", "##", "()", "{}", " {", "};\n", "\\", '"', "`"),
+    *("<", ">", "|", "<|", "|>", "_", "__init__", "a_b", "@", "$5", "%", "^", "&&", "~"),
+)
 
 #: Rust's whitespace plus characters that look like it but are not (U+001C..U+001F, ZWSP, BOM, U+180E).
 _CHECK_SPACES = (*_RUST_WHITESPACE, "\x1c", "\x1d", "\x1e", "\x1f", "\u200b", "\ufeff", "\u180e", "\r\n")

@@ -216,8 +216,11 @@ class Generation:
         external_id: str,
         deadline: float | None = None,
         keepalive: float | None = None,
+        prompt_block_hashes: bytes | None = None,
     ) -> None:
         self.state = state
+        self.prompt_block_hashes = prompt_block_hashes
+        """Block hashes computed with the prompt (render_chat), or None: the engine client hashes."""
         self.deadline = deadline
         """time.monotonic() after which the request is aborted and answered with an error."""
         self.keepalive = keepalive
@@ -241,10 +244,9 @@ class Generation:
     async def start(self) -> None:
         """Send every choice's engine request; n > 1 children share one set of block hashes."""
         engine = self.engine
-        hashes: bytes | None = None
-        shared = len(self.choices) > 1 and engine.hasher is not None
-        if shared:
-            hashes = await engine.hasher.hash_prompt(self.prompt_ids, self.cache_salt)  # type: ignore[union-attr]
+        hashes = self.prompt_block_hashes if engine.hasher is not None else None
+        if hashes is None and len(self.choices) > 1 and engine.hasher is not None:
+            hashes = await engine.hasher.hash_prompt(self.prompt_ids, self.cache_salt, checked=True)
         try:
             for choice in self.choices:
                 params = self.params if len(self.choices) == 1 else child_params(self.params, choice.index)
@@ -261,9 +263,7 @@ class Generation:
                     priority=self.priority,
                     external_req_id=self.external_id,
                 )
-                choice.stream = await engine.add_request(
-                    request, prompt_block_hashes=hashes if shared else None, trusted=True
-                )
+                choice.stream = await engine.add_request(request, prompt_block_hashes=hashes, trusted=True)
                 hashed = choice.stream is not None and request.prompt_block_hashes is not None
                 self.state.metrics.feh_requests.labels(self.state.metrics.model_name, str(hashed).lower()).inc()
         except BaseException:
@@ -449,13 +449,21 @@ def _message_dicts(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     return messages
 
 
-async def render_chat(state: ServingState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
+async def render_chat(
+    state: ServingState, request: ChatCompletionRequest, *, hash_prompt: bool = False
+) -> tuple[str, list[int], bytes | None]:
+    """Render and tokenize the chat on a worker thread; with `hash_prompt`, also its block hashes (when FEH is on).
+
+    Hashing in the same thread hop as rendering saves a second hop per request; the blob is what
+    EngineClient.add_request would compute (the same memo), so the engine request is the same.
+    """
     if request.chat_template is not None and not state.allow_request_chat_template:
         raise APIError(400, "per-request chat templates are disabled on this server", param="chat_template")
+    hasher = state.engine.hasher if hash_prompt and state.engine is not None else None
 
-    def render() -> tuple[str, list[int]]:
+    def render() -> tuple[str, list[int], bytes | None]:
         # Everything proportional to the history runs here, on a worker thread.
-        return state.tokenizer.tokenize_chat(
+        text, ids = state.tokenizer.tokenize_chat(
             _message_dicts(request),
             tools=msgspec.to_builtins(request.tools) if request.tools else None,
             documents=msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None,
@@ -464,12 +472,14 @@ async def render_chat(state: ServingState, request: ChatCompletionRequest) -> tu
             chat_template=request.chat_template,
             chat_template_kwargs=request.chat_template_kwargs,
         )
+        # The tokenizer's ids are exact int32 ints: the memo may skip its own check (checked=True).
+        blob = hasher.hash_prompt_sync(ids, request.cache_salt, checked=True) if hasher is not None else None
+        return text, ids, blob
 
     try:
-        text, ids = await anyio.to_thread.run_sync(render)
+        return await anyio.to_thread.run_sync(render)
     except TokenizerError as exc:
         raise APIError(400, str(exc), param="messages") from None
-    return text, ids
 
 
 @dataclass(slots=True)
@@ -556,6 +566,7 @@ async def prepare(
     streaming: bool,
     deadline: float | None = None,
     plan: OutputPlan | None = None,
+    prompt_block_hashes: bytes | None = None,
 ) -> Generation:
     check_prompt_len(state, len(prompt_ids))
     tok = state.tokenizer
@@ -588,6 +599,7 @@ async def prepare(
         external_id=base_id,
         deadline=deadline,
         keepalive=state.sse_keepalive_s if streaming else None,
+        prompt_block_hashes=prompt_block_hashes,
     )
     if plan is not None and plan.parser is not None:
         for choice in generation.choices:

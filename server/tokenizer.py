@@ -7,6 +7,7 @@ server calls it through `anyio.to_thread`, never on the event loop.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -32,6 +33,111 @@ _GENERATION_DEFAULTS = {
 
 class TokenizerError(ValueError):
     """The request cannot be rendered or tokenized (bad messages, template error): a 400."""
+
+
+class _NotPlain(Exception):
+    """A value outside plain JSON data: the fast chat render does not apply."""
+
+
+def _plain_copy(value: Any) -> Any:
+    """A fresh copy of plain JSON data (exact dict with str keys, list, str, int, float, bool, None).
+
+    For such data it equals what transformers' ``_message_objects_to_dicts`` + ``_plain_template_data`` build
+    (both copy containers and return exact scalars as they are); anything else raises ``_NotPlain``.
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            out[key] = _plain_copy(item)
+        return out
+    if kind is list:
+        return [_plain_copy(item) for item in value]
+    raise _NotPlain
+
+
+class _FastChatRender:
+    """``apply_chat_template(..., tokenize=False)`` for plain JSON messages, without the wrapper's generic work.
+
+    transformers' wrapper walks every message twice with ``isinstance`` checks against ABCs, dataclasses and
+    pydantic models (~0.7 ms for a 50-turn chat, about as long as the jinja render itself). For plain JSON
+    input those walks amount to a copy that drops the messages' ``None``-valued keys, so this class does exactly
+    that (``_plain_copy``), then the wrapper's remaining steps with transformers' own functions: the template
+    lookup (``get_chat_template``), the compiled-template cache (``_compile_jinja_template``), the reasoning
+    aliases (``_alias_reasoning_fields``), ``_plain_template_data`` of the tools, documents and template variables
+    (special tokens + ``chat_template_kwargs``), and the same ``render`` call. Same compiled template, equal
+    inputs: the same string. Everything else (continue_final_message, non-plain values, template variables named
+    like the wrapper's own parameters, any exception) goes through ``apply_chat_template`` itself. It is enabled
+    only for the transformers layout it was written against (``apply_chat_template`` not overridden, the helper
+    functions present) and after a start-up comparison with ``apply_chat_template`` on sample chats.
+    """
+
+    VERIFIED_TRANSFORMERS = ("5.24.",)
+    """transformers releases whose apply_chat_template was read line by line against this class; others fall back."""
+
+    def __init__(self, hf: Any) -> None:
+        import transformers
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.utils import chat_template_utils as ctu
+
+        if not transformers.__version__.startswith(self.VERIFIED_TRANSFORMERS):
+            raise _NotPlain(f"transformers {transformers.__version__} is not a release this render was checked against")
+        if getattr(type(hf), "apply_chat_template", None) is not PreTrainedTokenizerBase.apply_chat_template:
+            raise _NotPlain(f"{type(hf).__name__} overrides apply_chat_template")
+        self.hf = hf
+        self.compile = ctu._compile_jinja_template
+        self.alias = ctu._alias_reasoning_fields
+        self.plain = ctu._plain_template_data
+        reserved = {"messages", "self", "conversation", "conversations"}
+        for fn in (PreTrainedTokenizerBase.apply_chat_template, ctu.render_jinja_template):
+            reserved.update(inspect.signature(fn).parameters)
+        self.reserved = frozenset(reserved)
+
+    def render(
+        self,
+        messages: Any,
+        tools: Any,
+        documents: Any,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template: str | None,
+        kwargs: dict[str, Any],
+    ) -> str | None:
+        """The rendered prompt, or None when the input is not for the fast path."""
+        if continue_final_message or type(messages) is not list or not messages or not self.reserved.isdisjoint(kwargs):
+            return None
+        try:
+            chat = []
+            for message in messages:
+                if type(message) is not dict:
+                    return None
+                chat.append({key: _plain_copy(value) for key, value in message.items() if value is not None})
+                if any(type(key) is not str for key in message):
+                    return None
+            tool_schemas = None if tools is None else _plain_copy(tools)
+            if tool_schemas is not None and (
+                type(tool_schemas) is not list or any(type(tool) is not dict for tool in tool_schemas)
+            ):
+                return None
+            docs = None if documents is None else _plain_copy(documents)
+            if docs is not None and (type(docs) is not list or any(type(doc) is not dict for doc in docs)):
+                return None
+            hf = self.hf
+            compiled = self.compile(hf.get_chat_template(chat_template, tools))
+            template_kwargs = self.plain({**hf.special_tokens_map, **kwargs})
+            return compiled.render(
+                messages=self.alias(chat),
+                tools=tool_schemas,
+                documents=docs,
+                add_generation_prompt=add_generation_prompt,
+                **template_kwargs,
+            )
+        except Exception:  # _NotPlain, or an error apply_chat_template will report in its own words
+            return None
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -72,6 +178,9 @@ class Tokenizer:
             ours: generation[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if theirs in generation
         }
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
+        self._fast_chat: _FastChatRender | None = None
+        self.fast_chat_reason: str | None = None
+        """Why the fast chat render is off (None when it is on)."""
         # Chat prompts re-send the whole history every turn: tokenize the text between added tokens once per
         # distinct segment (exact, checked at start-up; falls back to plain encode where it would not be).
         # The backend is shared, not copied (~120 MB for Qwen): the server never asks for truncation or padding,
@@ -81,6 +190,51 @@ class Tokenizer:
             # Compile the template now: the first chat requests would otherwise pay for it (tens of ms).
             with contextlib.suppress(Exception):
                 self.render_chat([{"role": "user", "content": "warm-up"}])
+        self._enable_fast_chat()
+
+    def _enable_fast_chat(self) -> None:
+        """Turn the fast chat render on if it renders the sample chats exactly as apply_chat_template does."""
+        self._fast_chat = None
+        self.fast_chat_reason = None
+        try:
+            fast = _FastChatRender(self.hf)
+        except Exception as exc:  # another transformers layout, or an overridden apply_chat_template
+            self.fast_chat_reason = str(exc) or type(exc).__name__
+            return
+        if self.has_chat_template:
+            for case in _FAST_CHAT_SAMPLES:
+                kwargs = dict(case.get("chat_template_kwargs") or {})
+                args = (case["messages"], case.get("tools"), case.get("documents"), True, False, None, kwargs)
+                try:
+                    expected = self._apply_chat_template(*args)
+                except Exception:
+                    continue  # the template refuses this shape: nothing to compare
+                if fast.render(*args) != expected:
+                    self.fast_chat_reason = f"fast chat render differs on sample {_FAST_CHAT_SAMPLES.index(case)}"
+                    logger.warning("fast chat render disabled for %s: %s", self.name, self.fast_chat_reason)
+                    return
+        self._fast_chat = fast
+
+    def _apply_chat_template(
+        self,
+        messages: Any,
+        tools: Any,
+        documents: Any,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template: str | None,
+        kwargs: dict[str, Any],
+    ) -> str:
+        return self.hf.apply_chat_template(
+            messages,
+            tools=tools,
+            documents=documents,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------ text <-> ids
 
@@ -105,17 +259,13 @@ class Tokenizer:
         if not self.has_chat_template and chat_template is None:
             raise TokenizerError("this model has no chat template; pass --chat-template or use /v1/completions")
         kwargs = dict(chat_template_kwargs or {})
+        args = (messages, tools, documents, add_generation_prompt, continue_final_message, chat_template, kwargs)
+        if self._fast_chat is not None:
+            text = self._fast_chat.render(*args)
+            if text is not None:
+                return text
         try:
-            return self.hf.apply_chat_template(
-                messages,
-                tools=tools,
-                documents=documents,
-                chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tokenize=False,
-                **kwargs,
-            )
+            return self._apply_chat_template(*args)
         except Exception as exc:  # jinja errors, raise_exception() in templates, bad message shapes
             raise TokenizerError(f"cannot render the chat template: {exc}") from None
 
@@ -123,3 +273,56 @@ class Tokenizer:
         """Render, then tokenize without adding special tokens again (the template has them)."""
         text = self.render_chat(messages, **kwargs)
         return text, self.segments.encode(text)
+
+
+#: Chats the fast render is compared on at start-up (every shape the server sends: reasoning, tool calls with
+#: arguments as objects, tool results, tools, documents, template variables, None-valued keys).
+_FAST_CHAT_SAMPLES: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": "Hello!"}]},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief.", "name": None},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "Simple.", "tool_calls": None},
+            {"role": "user", "content": "And 3+3?\n\n<|im_end|>"},
+        ],
+        "chat_template_kwargs": {"enable_thinking": False},
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2.5, None]}},
+                    }
+                ],
+            },
+            {"role": "tool", "content": "Sunny, 21 C", "tool_call_id": "call_1"},
+            {"role": "tool", "content": "<tool_response>x</tool_response>", "tool_call_id": "call_2"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            }
+        ],
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Summarize the document."},
+            {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nIt is short.", "thinking": "alias"},
+            {"role": "user", "content": "Thanks"},
+        ],
+        "documents": [{"title": "Doc", "text": "A short document."}],
+        "chat_template_kwargs": {"enable_thinking": True, "custom_flag": [1, {"a": None}]},
+    },
+]
