@@ -29,7 +29,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import zmq
@@ -116,6 +116,14 @@ class EngineState:
         return len(self.in_flight)
 
 
+class StreamListener(Protocol):
+    """Receives a RequestStream's outputs as they are routed (see RequestStream.listen); must not raise."""
+
+    def on_output(self, output: EngineCoreOutput) -> None: ...
+
+    def on_error(self, error: BaseException) -> None: ...
+
+
 class RequestStream:
     """The outputs of one engine request, in order; iterate with `async for` or call `get()`.
 
@@ -123,7 +131,7 @@ class RequestStream:
     consumer that falls behind drains several outputs in one go (`drain()`).
     """
 
-    __slots__ = ("_buffer", "_error", "_waiter", "finished", "rank", "request_id")
+    __slots__ = ("_buffer", "_error", "_listener", "_waiter", "finished", "rank", "request_id")
 
     def __init__(self, request_id: str, rank: int) -> None:
         self.request_id = request_id
@@ -132,6 +140,24 @@ class RequestStream:
         self._buffer: deque[EngineCoreOutput] = deque()
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._listener: StreamListener | None = None
+
+    def listen(self, listener: StreamListener | None) -> list[EngineCoreOutput]:
+        """Hand every later output (and the error, if any) straight to `listener`, from the output loop.
+
+        Returns the outputs received so far (the listener takes them first, then checks `error`);
+        `listen(None)` goes back to buffering. A listener saves a task switch per output: it runs
+        inside the batch's routing.
+        """
+        self._listener = listener
+        outputs = list(self._buffer)
+        self._buffer.clear()
+        return outputs
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the stream failed (engine dead, aborted, ...), or None."""
+        return self._error
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -139,12 +165,18 @@ class RequestStream:
             waiter.set_result(None)
 
     def _push(self, output: EngineCoreOutput) -> None:
+        listener = self._listener
+        if listener is not None:
+            listener.on_output(output)
+            return
         self._buffer.append(output)
         self._wake()
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
+            if self._listener is not None:
+                self._listener.on_error(error)
         self._wake()
 
     async def _wait(self) -> None:
@@ -532,49 +564,75 @@ class EngineClient:
     # ------------------------------------------------------------------ outputs
 
     async def _output_loop(self) -> None:
+        """Receive engine outputs: every message waiting is read in one go, without a future per message.
+
+        zmq.asyncio's recv costs a future and a poller registration per message; here the socket's file
+        descriptor wakes the loop and non-blocking reads drain it. The descriptor is edge-triggered (it
+        signals when zmq's event state changes), so after a read finds nothing the state is checked once
+        more before waiting.
+        """
         assert self._output is not None
-        recv = self._output.recv_multipart
+        sock = zmq.Socket.shadow(self._output.underlying)
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(fd, readable.set)
+        recv, noblock, again = sock.recv_multipart, zmq.NOBLOCK, zmq.Again
+        try:
+            while True:
+                try:
+                    frames = recv(noblock)
+                except again:
+                    readable.clear()
+                    if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        continue
+                    await readable.wait()
+                    continue
+                self._on_output_message(frames)
+        finally:
+            loop.remove_reader(fd)
+
+    def _on_output_message(self, frames: list[bytes]) -> None:
+        """Route one EngineCoreOutputs message: each output to its stream, once, in order."""
         decode = codec.decode_outputs
         streams = self._streams
-        while True:
-            frames = await recv()
-            if codec.is_engine_core_dead(frames):
-                logger.error("an engine sent ENGINE_CORE_DEAD; probing every engine")
-                self._sentinel_seen = True
-                self._probe_wanted.set()
-                continue
-            try:
-                batch = decode(frames)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-                logger.error("dropping an undecodable engine output (%d frames): %s", len(frames), exc)
-                continue
-            index = batch.engine_index
-            engine = self.engines[index] if 0 <= index < len(self.engines) else None
-            if engine is not None:
-                engine.last_seen = time.monotonic()
-                stats = batch.scheduler_stats
-                if stats is not None:
-                    engine.num_waiting = stats.num_waiting_reqs
-                    engine.num_running = stats.num_running_reqs
-                    engine.kv_cache_usage = stats.kv_cache_usage
-            for output in batch.outputs:
-                stream = streams.get(output.request_id)
-                if stream is None:
-                    continue  # aborted here already: drop silently
-                stream._push(output)
-                if output.finish_reason is not None:
-                    self._forget(output.request_id)
-            if batch.finished_requests:
-                for request_id in batch.finished_requests:
-                    self._forget(request_id)
-            utility = batch.utility_output
-            if utility is not None:
-                future = self._utility_calls.get(utility.call_id)
-                if future is not None and not future.done():
-                    if utility.failure_message is not None:
-                        future.set_exception(EngineError(utility.failure_message))
-                    else:
-                        future.set_result(utility.result.result if utility.result is not None else None)
+        if codec.is_engine_core_dead(frames):
+            logger.error("an engine sent ENGINE_CORE_DEAD; probing every engine")
+            self._sentinel_seen = True
+            self._probe_wanted.set()
+            return
+        try:
+            batch = decode(frames)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            logger.error("dropping an undecodable engine output (%d frames): %s", len(frames), exc)
+            return
+        index = batch.engine_index
+        engine = self.engines[index] if 0 <= index < len(self.engines) else None
+        if engine is not None:
+            engine.last_seen = time.monotonic()
+            stats = batch.scheduler_stats
+            if stats is not None:
+                engine.num_waiting = stats.num_waiting_reqs
+                engine.num_running = stats.num_running_reqs
+                engine.kv_cache_usage = stats.kv_cache_usage
+        for output in batch.outputs:
+            stream = streams.get(output.request_id)
+            if stream is None:
+                continue  # aborted here already: drop silently
+            stream._push(output)
+            if output.finish_reason is not None:
+                self._forget(output.request_id)
+        if batch.finished_requests:
+            for request_id in batch.finished_requests:
+                self._forget(request_id)
+        utility = batch.utility_output
+        if utility is not None:
+            future = self._utility_calls.get(utility.call_id)
+            if future is not None and not future.done():
+                if utility.failure_message is not None:
+                    future.set_exception(EngineError(utility.failure_message))
+                else:
+                    future.set_result(utility.result.result if utility.result is not None else None)
 
     # ------------------------------------------------------------------ health
 

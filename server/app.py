@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import hmac
 import logging
 import os
@@ -212,6 +213,10 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         mock = MockEngineProcess(config) if config.mock_engine else None
         starter = asyncio.create_task(_start_engine(state, config))
+        # Everything built so far (tokenizer, template, FastAPI app) lives as long as the process: keep the
+        # collector from walking it again on every full collection (as vLLM's server does).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
@@ -337,9 +342,13 @@ async def chat_response(state: ServingState, raw: bytes, headers: _Headers) -> R
         )
         response_headers = {"x-request-id": base}
         if body.stream:
-            frames = serving.chat_stream(state, body, generation, response_id, model)
             streamed, admission = admission, None
-            return SSEResponse(frames, response_headers, on_close=streamed.release)
+            if len(generation.choices) == 1:
+                frames = serving.ChatFrames(state, body, generation, response_id, model)
+                pusher = serving.PushStream(state, generation, frames)
+                return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
+            stream = serving.chat_stream(state, body, generation, response_id, model)
+            return SSEResponse(stream, response_headers, on_close=streamed.release)
         result = await serving.chat_full(state, body, generation, response_id, model)
         return Response(_encode(result), media_type="application/json", headers=response_headers)
     finally:
@@ -375,9 +384,14 @@ async def completion_response(state: ServingState, raw: bytes, headers: _Headers
         batch = CompletionBatch(generations, echo_texts, body.n or 1)
         response_headers = {"x-request-id": base}
         if body.stream:
-            frames = serving.completion_stream(state, body, batch, response_id, model)
             streamed, admission = admission, None
-            return SSEResponse(frames, response_headers, on_close=streamed.release)
+            if len(generations) == 1 and len(generations[0].choices) == 1:
+                frames = serving.CompletionFrames(state, body, batch, response_id, model)
+                opening = frames.echo() if body.echo else b""
+                pusher = serving.PushStream(state, generations[0], frames, opening)
+                return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
+            stream = serving.completion_stream(state, body, batch, response_id, model)
+            return SSEResponse(stream, response_headers, on_close=streamed.release)
         result = await serving.completion_full(state, body, batch, response_id, model)
         return Response(_encode(result), media_type="application/json", headers=response_headers)
     finally:

@@ -119,6 +119,10 @@ class Metrics:
             "pyfront:requests_rejected", "Requests refused before reaching an engine, by reason",
             [*labels, "reason"], registry=r,
         )  # fmt: skip
+        self.write_waits = Counter(
+            "pyfront:stream_write_waits", "Streamed writes that waited for a slow client (flow control)", labels,
+            registry=r,
+        ).labels(model_name)  # fmt: skip
         self._memo_gauges: dict[str, Gauge] | None = None
         if multiproc:
             # Collectors cannot read other processes' memos: each process publishes its own counters.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import anyio
 import msgspec
@@ -46,21 +47,31 @@ class ContentTemplate:
         return self.prefix + _encode(text) + self.suffix
 
 
+class Pusher(Protocol):
+    """Writes a whole SSE body itself (serving.PushStream): `run` returns when the body is complete."""
+
+    async def run(self, send: Send) -> None: ...
+
+
 class SSEResponse(Response):
     """Streams `frames` as text/event-stream; stops them when the client goes away.
 
     A Response subclass only so that FastAPI hands it to the server as it is; it renders nothing itself.
-    Each item of `frames` is written with one `send` straight to the server (no wrapping per frame);
-    `on_close` runs once the stream has ended, however it ended.
+    Each item of `frames` is written with one `send` straight to the server (no wrapping per frame); or
+    a `pusher` writes the body itself. `on_close` runs once the stream has ended, however it ended.
     """
 
     def __init__(
         self,
-        frames: AsyncIterator[bytes],
+        frames: AsyncIterator[bytes] | None,
         headers: dict[str, str] | None = None,
         on_close: Callable[[], None] | None = None,
+        *,
+        pusher: Pusher | None = None,
     ) -> None:
+        assert (frames is None) != (pusher is None)
         self.frames = frames
+        self.pusher = pusher
         self.on_close = on_close
         self.status_code = 200
         self.background = None
@@ -91,8 +102,12 @@ class SSEResponse(Response):
         watcher = asyncio.create_task(watch_disconnect())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.sse_headers})
-            async for chunk in self.frames:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if self.pusher is not None:
+                await self.pusher.run(send)
+            else:
+                assert self.frames is not None
+                async for chunk in self.frames:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             streaming = False
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
@@ -104,7 +119,8 @@ class SSEResponse(Response):
         finally:
             streaming = False
             watcher.cancel()
-            await _close(self.frames)
+            if self.frames is not None:
+                await _close(self.frames)
             if self.on_close is not None:
                 self.on_close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -70,20 +71,12 @@ def start_server(config: ServerConfig) -> tuple[uvicorn.Server, threading.Thread
     raise RuntimeError("server did not become healthy")
 
 
-@pytest.fixture(scope="module")
-def harness(monkeypatch_module) -> Iterator[Harness]:
-    monkeypatch_module.setenv("VLLM_NATIVE_FEH", "1")
+@contextlib.contextmanager
+def running_harness(**mock_options: object) -> Iterator[Harness]:
     rpc_port, http_port = free_port(), free_port()
-    mock = MockEngine(
-        MockConfig(
-            handshake_address=f"tcp://127.0.0.1:{rpc_port}",
-            ranks=[0],
-            step_interval_s=0.002,
-            output_len=12,
-            max_model_len=4096,
-            advertise_feh=True,
-        )
-    ).start()
+    options: dict = {"step_interval_s": 0.002, "output_len": 12, "max_model_len": 4096, "advertise_feh": True}
+    options.update(mock_options)
+    mock = MockEngine(MockConfig(handshake_address=f"tcp://127.0.0.1:{rpc_port}", ranks=[0], **options)).start()
     config = ServerConfig(
         model=BUNDLED_TOKENIZER_NAME,
         served_model_name=[MODEL],
@@ -100,6 +93,13 @@ def harness(monkeypatch_module) -> Iterator[Harness]:
         server.should_exit = True
         thread.join(10)
         mock.stop()
+
+
+@pytest.fixture(scope="module")
+def harness(monkeypatch_module) -> Iterator[Harness]:
+    monkeypatch_module.setenv("VLLM_NATIVE_FEH", "1")
+    with running_harness() as harness:
+        yield harness
 
 
 @pytest.fixture(scope="module")
@@ -314,6 +314,57 @@ def test_client_disconnect_aborts_engine_request(harness: Harness) -> None:
     totals = harness.mock_totals()
     assert totals["aborts"] == before["aborts"] + 1
     assert totals["running"] == 0
+
+
+def test_slow_reader_gets_every_frame_in_order() -> None:
+    """A client that stops reading fills the socket: writes wait (flow control), nothing is lost or reordered."""
+    tokens, per_step = 12000, 16  # 750 frames of 16 tokens x 20 logprobs: >10 MB, more than the socket buffers
+    body = json.dumps(
+        {"model": MODEL, "prompt": "slow reader", "max_tokens": tokens, "stream": True, "ignore_eos": True,
+         "logprobs": 20, "stream_options": {"include_usage": True}}
+    ).encode()  # fmt: skip
+    with running_harness(tokens_per_step=per_step, output_len=None, max_model_len=32768) as harness:
+        port = int(harness.base_url.rsplit(":", 1)[1])
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(2.5)  # the engine produces every token meanwhile (2 ms steps); nobody reads
+            raw = bytearray()
+            sock.settimeout(30)
+            while not raw.endswith(b"0\r\n\r\n"):
+                chunk = sock.recv(1 << 20)
+                assert chunk, "connection closed before the end of the stream"
+                raw += chunk
+        with harness.http() as http:
+            waits = _metric(http.get("/metrics").text, "pyfront:stream_write_waits_total")
+    head, _, chunked = bytes(raw).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    parts, pos = [], 0
+    while True:
+        end = chunked.index(b"\r\n", pos)
+        size = int(chunked[pos:end], 16)
+        if size == 0:
+            break
+        parts.append(chunked[end + 2 : end + 2 + size])
+        pos = end + 2 + size + 2
+    events = [e[len("data: ") :] for e in b"".join(parts).decode().split("\n\n") if e]
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [json.loads(e) for e in events[:-1]]
+    streamed = [c["choices"][0] for c in chunks if c["choices"]]
+    assert sum(len(c["logprobs"]["tokens"]) for c in streamed) == tokens
+    assert chunks[-1]["usage"]["completion_tokens"] == tokens
+    offsets = [o for c in streamed for o in c["logprobs"]["text_offset"]]
+    assert offsets == sorted(offsets), "frames arrived out of order"
+    assert waits > 0, "the client never pushed back: the test did not exercise flow control"
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 # ---------------------------------------------------------------- FEH through the server
