@@ -268,6 +268,8 @@ class EngineClient:
         self._closed = False
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self._input: zmq.asyncio.Socket | None = None
+        self._input_now: zmq.Socket | None = None
+        """The same socket without zmq.asyncio's wrapping, for non-blocking sends."""
         self._output: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self.input_address = ""
@@ -288,6 +290,7 @@ class EngineClient:
     def _bind(self) -> None:
         cfg = self.config
         self._input = self.ctx.socket(zmq.ROUTER)
+        self._input_now = zmq.Socket.shadow(self._input.underlying)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._input.setsockopt(zmq.SNDHWM, 0)
         self._input.setsockopt(zmq.RCVHWM, 0)
@@ -442,7 +445,14 @@ class EngineClient:
         """Send `[type, payload, aux...]` to one engine; a vanished engine is marked dead at once."""
         assert self._input is not None
         try:
-            await self._input.send_multipart([engine.identity, *frames], copy=False)
+            # Straight on the socket, not through zmq.asyncio's send (a future and poller work per
+            # message): with SNDHWM 0 a ROUTER send never blocks, so NOBLOCK only ever fails with
+            # EHOSTUNREACH (ROUTER_MANDATORY) for an engine that is gone.
+            assert self._input_now is not None
+            try:
+                self._input_now.send_multipart([engine.identity, *frames], zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # not expected with SNDHWM 0; wait for room rather than fail
+                await self._input.send_multipart([engine.identity, *frames], copy=False)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 self._mark_dead(engine, "disconnected", "the engine process is gone (EHOSTUNREACH)")

@@ -15,6 +15,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,11 @@ class ServingState:
     engine: EngineClient | None = None
     engine_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    render_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyfront-render")
+    )
+    """Worker threads for rendering, tokenizing and hashing chat prompts (one hop per request). A plain
+    executor: anyio's to_thread costs a capacity limiter and cancel-scope checkpoints on every call."""
 
     @property
     def max_model_len(self) -> int:
@@ -478,7 +484,7 @@ async def render_chat(
         return text, ids, blob
 
     try:
-        return await anyio.to_thread.run_sync(render)
+        return await asyncio.get_running_loop().run_in_executor(state.render_pool, render)
     except TokenizerError as exc:
         raise APIError(400, str(exc), param="messages") from None
 

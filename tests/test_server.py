@@ -333,7 +333,10 @@ def test_slow_reader_gets_every_frame_in_order() -> None:
                 + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )
-            time.sleep(2.5)  # the engine produces every token meanwhile (2 ms steps); nobody reads
+            # Nobody reads until the engine has produced every token (>10 MB of frames): more than the
+            # kernel's socket buffers hold, so the server's writes must have waited.
+            _wait_for(lambda: harness.mock_totals()["running"] >= 1, 10)
+            _wait_for(lambda: harness.mock_totals()["running"] == 0, 30)
             raw = bytearray()
             sock.settimeout(30)
             while not raw.endswith(b"0\r\n\r\n"):
@@ -361,6 +364,13 @@ def test_slow_reader_gets_every_frame_in_order() -> None:
     offsets = [o for c in streamed for o in c["logprobs"]["text_offset"]]
     assert offsets == sorted(offsets), "frames arrived out of order"
     assert waits > 0, "the client never pushed back: the test did not exercise flow control"
+
+
+def _wait_for(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the mock engine"
+        time.sleep(0.02)
 
 
 def _metric(text: str, name: str) -> float:
