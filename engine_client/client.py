@@ -206,7 +206,7 @@ class RequestStream:
                 raise self._error
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(timeout, _expire, waiter)
+            timer = loop.call_later(timeout, release_waiter, waiter)
             try:
                 await waiter
             finally:
@@ -230,7 +230,8 @@ class RequestStream:
         return output
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
+def release_waiter(waiter: asyncio.Future[None]) -> None:
+    """Wake whoever awaits `waiter` (a timer or callback may fire after it was already woken)."""
     if not waiter.done():
         waiter.set_result(None)
 

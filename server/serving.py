@@ -31,6 +31,7 @@ from engine_client.client import (
     EngineUnavailableError,
     RequestAbortedError,
     RequestStream,
+    release_waiter,
 )
 from engine_client.protocol import (
     EngineCoreOutput,
@@ -630,15 +631,20 @@ def _chat_logprobs(state: ServingState, choice: Choice, rows: Sequence, request:
     }
 
 
+async def fold_outputs(batches: AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]) -> None:
+    """Non-streamed answers: fold every output into its choice until all choices are done."""
+    async for choice, outputs in batches:
+        for output in outputs:
+            if choice.done:
+                break
+            choice.generation.on_output(choice, output)
+
+
 async def chat_full(
     state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
 ) -> dict:
     try:
-        async for choice, outputs in generation.batches():
-            for output in outputs:
-                if choice.done:
-                    break
-                generation.on_output(choice, output)
+        await fold_outputs(generation.batches())
     except BaseException:
         await generation.abort()
         raise
@@ -723,13 +729,35 @@ def _rows(choice: Choice) -> list:
     return rows[: choice.text.num_tokens]
 
 
-async def chat_stream(
+def chat_stream(
     state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed chat completion: one bytes item per engine wake-up (one frame per output)."""
+    """The SSE body of a streamed chat completion (n > 1; one choice takes PushStream)."""
     frames = ChatFrames(state, request, generation, response_id, model)
+    return stream_frames(state, generation.batches(), frames, [generation])
+
+
+async def stream_frames(
+    state: ServingState,
+    batches: AsyncIterator[tuple[Choice, list[EngineCoreOutput]]],
+    frames: ChatFrames | CompletionFrames,
+    generations: list[Generation],
+    opening: bytes = b"",
+) -> AsyncIterator[bytes]:
+    """An SSE body rendered by `frames`: one bytes item per engine wake-up (one frame per output).
+
+    Whatever ends it (the last output, an error, the client leaving), every engine request of
+    `generations` is finished or aborted by the time it returns.
+    """
+
+    async def abort() -> None:
+        for generation in generations:
+            await generation.abort()
+
     try:
-        async for choice, outputs in generation.batches():
+        if opening:
+            yield opening
+        async for choice, outputs in batches:
             if not outputs:
                 yield KEEPALIVE_FRAME
                 continue
@@ -742,18 +770,19 @@ async def chat_stream(
                     break
                 parts.append(frames.output(choice, output))
             yield b"".join(parts)
-        generation.finish_metrics()
+        for generation in generations:
+            generation.finish_metrics()
         yield frames.closing()
     except (asyncio.CancelledError, GeneratorExit):
-        await generation.abort()
+        await abort()
         raise
     except BaseException as exc:
-        await generation.abort()
+        await abort()
         error = engine_error_to_api(exc)
         state.metrics.error(error.status)
         yield sse_error_frame(error.status, error.message) + DONE_FRAME
     finally:
-        await generation.abort()
+        await abort()
 
 
 class ChatFrames:
@@ -910,11 +939,7 @@ async def completion_full(
     state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
 ) -> dict:
     try:
-        async for choice, outputs in batch.batches():
-            for output in outputs:
-                if choice.done:
-                    break
-                choice.generation.on_output(choice, output)
+        await fold_outputs(batch.batches())
     except BaseException:
         await batch.abort()
         raise
@@ -945,40 +970,13 @@ async def completion_full(
     }
 
 
-async def completion_stream(
+def completion_stream(
     state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed completion: one bytes item per engine wake-up (one frame per output)."""
+    """The SSE body of a streamed completion (several prompts or n > 1; one choice takes PushStream)."""
     frames = CompletionFrames(state, request, batch, response_id, model)
-    try:
-        if request.echo:
-            yield frames.echo()
-        async for choice, outputs in batch.batches():
-            if not outputs:
-                yield KEEPALIVE_FRAME
-                continue
-            if len(outputs) == 1:
-                yield frames.output(choice, outputs[0])
-                continue
-            parts = []
-            for output in outputs:
-                if choice.done:
-                    break
-                parts.append(frames.output(choice, output))
-            yield b"".join(parts)
-        for generation in batch.generations:
-            generation.finish_metrics()
-        yield frames.closing()
-    except (asyncio.CancelledError, GeneratorExit):
-        await batch.abort()
-        raise
-    except BaseException as exc:
-        await batch.abort()
-        error = engine_error_to_api(exc)
-        state.metrics.error(error.status)
-        yield sse_error_frame(error.status, error.message) + DONE_FRAME
-    finally:
-        await batch.abort()
+    opening = frames.echo() if request.echo else b""
+    return stream_frames(state, batch.batches(), frames, batch.generations, opening)
 
 
 class CompletionFrames:
@@ -1045,11 +1043,6 @@ class CompletionFrames:
 
 
 # ---------------------------------------------------------------------- push streaming (one choice)
-
-
-def _expire(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class PushStream:
@@ -1152,7 +1145,7 @@ class PushStream:
                 yielded._asyncio_future_blocking = False
                 if not yielded.done():
                     waiter = loop.create_future()
-                    yielded.add_done_callback(lambda _, waiter=waiter: _expire(waiter))
+                    yielded.add_done_callback(lambda _, waiter=waiter: release_waiter(waiter))
                     try:
                         await waiter
                     except asyncio.CancelledError:
@@ -1184,7 +1177,7 @@ class PushStream:
         if deadline is not None:
             timeout = deadline - now if timeout is None else min(timeout, deadline - now)
         attention = self._attention = loop.create_future()
-        timer = loop.call_later(max(timeout, 0.0), _expire, attention) if timeout is not None else None
+        timer = loop.call_later(max(timeout, 0.0), release_waiter, attention) if timeout is not None else None
         try:
             await attention
         finally:

@@ -178,6 +178,21 @@ def test_completions(harness: Harness) -> None:
     assert ids.usage.prompt_tokens == 2
 
 
+def test_streamed_completions_of_several_prompts_with_echo_match_non_streamed(harness: Harness) -> None:
+    kwargs = {"model": MODEL, "prompt": ["first", "second"], "max_tokens": 3, "echo": True, "seed": 1}
+    full = harness.client().completions.create(**kwargs)
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in harness.client().completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason is not None:
+                finishes[c.index] = c.finish_reason
+    assert texts == {c.index: c.text for c in full.choices}
+    assert texts[0].startswith("first") and texts[1].startswith("second")
+    assert finishes == {0: "length", 1: "length"}
+
+
 def test_n_two(harness: Harness) -> None:
     response = chat(harness, "two answers", n=2, max_tokens=4, seed=3)
     assert sorted(c.index for c in response.choices) == [0, 1]
