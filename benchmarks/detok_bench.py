@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
-from server.bundled_tokenizer import ensure_qwen3_tokenizer
-from server.text import DetokenizerFactory, TextStream, get_factory
+from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+from pyfront.server.text import DetokenizerFactory, TextStream, get_factory
 
 PARAGRAPHS = [
     "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks "

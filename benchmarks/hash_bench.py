@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from hashing import HashConfig, PrefixMemo, block_hashes
+from pyfront.hashing import HashConfig, PrefixMemo, block_hashes
 
 
 def reference_loop(token_ids: list[int], block_size: int, none_hash: bytes) -> list[bytes]:

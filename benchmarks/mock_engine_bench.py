@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
-from engine_client.client import EngineClient, EngineClientConfig
-from engine_client.protocol import EngineCoreRequest, SamplingParams
+from pyfront.engine_client.client import EngineClient, EngineClientConfig
+from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -39,7 +39,7 @@ def free_port() -> int:
 async def run_once(streams: int, tokens: int, step: float) -> tuple[float, float, int]:
     port = free_port()
     mock = subprocess.Popen(
-        [sys.executable, "-m", "engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{port}",
+        [sys.executable, "-m", "pyfront.engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{port}",
          "--ranks", "0", "--step-interval", str(step), "--log-level", "WARNING"]
     )  # fmt: skip
     try:

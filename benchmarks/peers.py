@@ -3,7 +3,7 @@
     python benchmarks/peers.py [--quick] [--peers vllm-rs,vllm,pyfront,pyfront-nofeh] [--repeats N] [--out DIR]
 
 For every front end ("peer"): start it pinned to core 0 (``taskset -c 0``) listening on a fresh handshake port,
-start a fresh pyfront mock engine pinned to core 1 (``python -m engine_client.mock_engine --step-interval 0.02
+start a fresh pyfront mock engine pinned to core 1 (``python -m pyfront.engine_client.mock_engine --step-interval 0.02
 --step-on-arrival --arrival-log FILE --max-model-len 131072``; ``--advertise-feh`` only for pyfront with
 VLLM_NATIVE_FEH=1), wait for ``/health``, send a warm-up, then run benchmarks/loadgen.py (pinned to core 1, like the
 mock) for each load, ``--repeats`` times, and stop both process groups. Figures (medians over repeats):
@@ -161,7 +161,7 @@ def frontend_argv(peer: str, args: argparse.Namespace, model: Path, rpc: int, ht
                 "--data-parallel-size", "1", "--host", "127.0.0.1", "--port", str(http), "--max-model-len", mml,
                 "--dtype", "bfloat16", "--enforce-eager"]  # fmt: skip
         return argv, {}
-    argv = [sys.executable, "-m", "server.cli", "serve", str(model), "--host", "127.0.0.1", "--port", str(http),
+    argv = [sys.executable, "-m", "pyfront.server.cli", "serve", str(model), "--host", "127.0.0.1", "--port", str(http),
             "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc),
             "--max-model-len", mml]  # fmt: skip
     env = {"VLLM_NATIVE_FEH": "1" if peer == "pyfront" else "0"}
@@ -171,7 +171,7 @@ def frontend_argv(peer: str, args: argparse.Namespace, model: Path, rpc: int, ht
 
 
 def mock_argv(peer: str, args: argparse.Namespace, rpc: int, arrivals: Path) -> list[str]:
-    argv = [sys.executable, "-m", "engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{rpc}",
+    argv = [sys.executable, "-m", "pyfront.engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{rpc}",
             "--ranks", "0", "--step-interval", str(args.step_interval), "--max-model-len", str(args.max_model_len),
             "--arrival-log", str(arrivals), "--step-on-arrival"]  # fmt: skip
     if peer == "pyfront":

@@ -4,11 +4,11 @@
 
 Everything runs on 127.0.0.1, and each process runs in its own session:
 
-- pyfront: `python -m server.cli serve --data-parallel-size 2 --data-parallel-rpc-port P ...` with
+- pyfront: `python -m pyfront.server.cli serve --data-parallel-size 2 --data-parallel-rpc-port P ...` with
   VLLM_NATIVE_FEH=1 and the bundled tokenizer;
 - two mock engines, one process per rank (`--ranks 0` and `--ranks 1`), connected to the same handshake
   port. Each process is this script re-run as `soak.py mock-rank STATS_PORT_FILE -- MOCK_ENGINE_ARGS`: it
-  runs `engine_client.mock_engine`'s own MockEngine, configured by the mock's own argument parser and
+  runs `pyfront.engine_client.mock_engine`'s own MockEngine, configured by the mock's own argument parser and
   advertising FEH, plus a loopback HTTP endpoint that returns the rank's `stats()`. Those are the counters
   that the `mock_stats` utility returns. The utility itself can only be called by the front end that owns
   the engine connection, and pyfront exposes no route for it.
@@ -81,7 +81,7 @@ WORDS = [
 
 def run_mock_rank(stats_port_file: str, mock_argv: list[str]) -> None:
     """One mock engine process: MockEngine + a loopback endpoint serving its ranks' stats() as JSON."""
-    from engine_client.mock_engine import MockEngine, default_none_hash, parse_args
+    from pyfront.engine_client.mock_engine import MockEngine, default_none_hash, parse_args
 
     config = parse_args(mock_argv)
     if config.advertise_feh and config.feh_none_hash is None:
@@ -651,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "VLLM_NATIVE_FEH": "1", "PYTHONPATH": str(ROOT)}
     pyfront_log = open(log_dir / "pyfront.log", "wb")  # noqa: SIM115
     pyfront = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "pyfront.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--served-model-name", MODEL, "--data-parallel-address", "127.0.0.1",
          "--data-parallel-rpc-port", str(rpc_port), "--data-parallel-size", "2", "--uvicorn-log-level", "warning",
          "--engine-startup-timeout", "120"],

@@ -1,4 +1,4 @@
-"""Prompt tokenization of a growing agentic chat: plain ``encode`` vs :class:`server.segment_cache.SegmentTokenizer`.
+"""Prompt tokenization of a growing agentic chat: plain ``encode`` vs the segment-memoized tokenizer.
 
 A 50-turn chat grows by about 2k tokens per turn (a user message, an assistant answer, every fifth turn a tool call
 and its result) to about 100k tokens, rendered with the bundled Qwen3 chat template. The text is real English: the
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the server runs it
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from server.bundled_tokenizer import ensure_qwen3_tokenizer
-from server.segment_cache import SegmentTokenizer
+from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+from pyfront.server.segment_cache import SegmentTokenizer
 
 
 def _words(text: str) -> list[str]:

@@ -49,19 +49,19 @@ def _import_project(src: str | None) -> None:
     global body, english_messages, codec, DEFAULT_WORD_IDS, EngineCoreRequest, HashConfig, PrefixMemo, pack_header
     global openai_types, serving, ensure_qwen3_tokenizer, build_sampling_params, Tokenizer
     from benchmarks.loadgen import body, english_messages
-    from engine_client import codec
-    from engine_client.mock_engine import DEFAULT_WORD_IDS
-    from engine_client.protocol import EngineCoreRequest
-    from hashing import HashConfig
-    from hashing.memo import PrefixMemo
-    from hashing.wire import pack_header
-    from server import openai_types, serving
-    from server.bundled_tokenizer import ensure_qwen3_tokenizer
-    from server.sampling import build_sampling_params
-    from server.tokenizer import Tokenizer
+    from pyfront.engine_client import codec
+    from pyfront.engine_client.mock_engine import DEFAULT_WORD_IDS
+    from pyfront.engine_client.protocol import EngineCoreRequest
+    from pyfront.hashing import HashConfig
+    from pyfront.hashing.memo import PrefixMemo
+    from pyfront.hashing.wire import pack_header
+    from pyfront.server import openai_types, serving
+    from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+    from pyfront.server.sampling import build_sampling_params
+    from pyfront.server.tokenizer import Tokenizer
 
-    if not Path(sys.modules["server.tokenizer"].__file__).resolve().is_relative_to(root):
-        raise SystemExit(f"imported the project from {sys.modules['server.tokenizer'].__file__}, not {root}")
+    if not Path(sys.modules["pyfront.server.tokenizer"].__file__).resolve().is_relative_to(root):
+        raise SystemExit(f"imported the project from {sys.modules['pyfront.server.tokenizer'].__file__}, not {root}")
 
 
 def _checked_chain(memo: Any) -> Callable[[list[int]], bytes]:

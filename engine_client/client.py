@@ -36,18 +36,18 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from engine_client import codec, protocol
-from engine_client.balancer import LoadBalancer
-from engine_client.handshake import (
+from pyfront.engine_client import codec, protocol
+from pyfront.engine_client.balancer import LoadBalancer
+from pyfront.engine_client.handshake import (
     ClientAddresses,
     HandshakeError,
     identity_rank,
     run_handshake,
 )
-from engine_client.negotiation import Negotiation, feh_enabled_by_env, negotiate
-from engine_client.protocol import EngineCoreOutput, EngineCoreRequest, engine_identity
-from engine_client.validation import validate_request
-from hashing import PromptHasher
+from pyfront.engine_client.negotiation import Negotiation, feh_enabled_by_env, negotiate
+from pyfront.engine_client.protocol import EngineCoreOutput, EngineCoreRequest, engine_identity
+from pyfront.engine_client.validation import validate_request
+from pyfront.hashing import PromptHasher
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any, Generic, NamedTuple, TypeVar, overload
 import msgspec
 from msgspec import msgpack
 
-from engine_client.protocol import (
+from pyfront.engine_client.protocol import (
     ENGINE_CORE_DEAD,
     REQUEST_TYPE_ABORT,
     REQUEST_TYPE_ADD,

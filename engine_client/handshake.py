@@ -18,7 +18,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine_client.protocol import engine_rank
+from pyfront.engine_client.protocol import engine_rank
 
 logger = logging.getLogger(__name__)
 

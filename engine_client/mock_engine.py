@@ -1,6 +1,6 @@
 """A mock vLLM EngineCore: the engine side of the real wire protocol, for tests, demos and benchmarks.
 
-    python -m engine_client.mock_engine --handshake-address tcp://127.0.0.1:62100 --ranks 0 1
+    python -m pyfront.engine_client.mock_engine --handshake-address tcp://127.0.0.1:62100 --ranks 0 1
 
 It handshakes as an external headless engine (one thread per rank; one process may run several ranks),
 registers on every front-end input socket, and serves ADD / ABORT / UTILITY exactly as engine-protocol.md
@@ -39,8 +39,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine_client import codec, protocol
-from engine_client.protocol import (
+from pyfront.engine_client import codec, protocol
+from pyfront.engine_client.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -50,7 +50,7 @@ from engine_client.protocol import (
     UtilityOutput,
     WireTensor,
 )
-from hashing import HashConfig, block_hashes, default_none_hash, unpack_block_hashes
+from pyfront.hashing import HashConfig, block_hashes, default_none_hash, unpack_block_hashes
 
 logger = logging.getLogger("pyfront.mock_engine")
 
@@ -575,14 +575,14 @@ def load_word_ids(tokenizer_path: str) -> list[int]:
     """Whole-word token ids of a tokenizer (slow import of transformers: only when asked)."""
     from transformers import AutoTokenizer
 
-    from server.bundled_tokenizer import whole_word_token_ids
+    from pyfront.server.bundled_tokenizer import whole_word_token_ids
 
     return whole_word_token_ids(AutoTokenizer.from_pretrained(tokenizer_path), 512)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
     p = argparse.ArgumentParser(
-        prog="python -m engine_client.mock_engine",
+        prog="python -m pyfront.engine_client.mock_engine",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

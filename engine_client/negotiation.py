@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hashing import HashConfig, default_none_hash
+from pyfront.hashing import HashConfig, default_none_hash
 
 logger = logging.getLogger(__name__)
 

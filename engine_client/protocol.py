@@ -3,7 +3,7 @@
 This module is the data model only: constants, enums and msgspec Structs whose msgpack
 encoding is byte-identical to what vLLM 0.32 itself sends (checked against
 ``tests/data/engine-protocol-vectors.json``). Framing, aux frames and the tensor hooks live in
-:mod:`engine_client.codec`. No sockets, no asyncio, no numpy/torch.
+:mod:`pyfront.engine_client.codec`. No sockets, no asyncio, no numpy/torch.
 
 Rules that shaped these definitions (engine-protocol.md sections 2.1 and 3):
 
@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
-from hashing import ALGORITHM
+from pyfront.hashing import ALGORITHM
 
 __all__ = [
     "COORDINATOR_READY",
@@ -479,7 +479,7 @@ class EngineCoreRequest(Struct, array_like=True, omit_defaults=True, gc=False):
 
     Index 22, ``prompt_block_hashes``, is pyfront's front-end block hashing extension (spec
     7.1): the ``FEH1`` blob, or nil. Only engines that advertised
-    ``native_frontend_hash_config`` may receive it; :func:`engine_client.codec.encode_add`
+    ``native_frontend_hash_config`` may receive it; :func:`pyfront.engine_client.codec.encode_add`
     sends the stock 22 elements to every other engine. (The fork's design note puts the field
     "right after session_id", index 21, which collides with 0.32's ``kv_hints``; pyfront
     follows the project rule: trailing element, index 22.)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import marshal
 import math
 
-from engine_client.protocol import EngineCoreRequest, SamplingParams, StructuredOutputsParams
+from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams, StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 """vLLM's default `max_logprobs`."""
@@ -117,7 +117,7 @@ def validate_request(
     """ValueError for anything a 0.32 engine would choke on.
 
     `trusted=True`: the prompt ids come from a tokenizer (or were range-checked) and the sampling parameters
-    were built and validated by the server (`server.sampling`), so the linear per-id check and a second
+    were built and validated by the server (`pyfront.server.sampling`), so the linear per-id check and a second
     sampling check are skipped; the structural checks always run.
     """
     if not isinstance(request.request_id, str) or not request.request_id:

@@ -1,10 +1,10 @@
 """Front-end block hashing (FEH): the engine's prefix-cache block hashes, computed by pyfront."""
 
-from hashing.blocks import block_hashes
-from hashing.config import ALGORITHM, HashConfig, default_none_hash
-from hashing.hasher import PromptHasher
-from hashing.memo import MemoStats, PrefixMemo
-from hashing.wire import pack_block_hashes, unpack_block_hashes
+from pyfront.hashing.blocks import block_hashes
+from pyfront.hashing.config import ALGORITHM, HashConfig, default_none_hash
+from pyfront.hashing.hasher import PromptHasher
+from pyfront.hashing.memo import MemoStats, PrefixMemo
+from pyfront.hashing.wire import pack_block_hashes, unpack_block_hashes
 
 __all__ = [
     "ALGORITHM",

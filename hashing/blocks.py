@@ -16,7 +16,7 @@ import hashlib
 import pickle
 from collections.abc import Sequence
 
-from hashing.config import HashConfig
+from pyfront.hashing.config import HashConfig
 
 _PICKLE_PROTOCOL = 5
 

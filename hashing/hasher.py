@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import anyio
 import anyio.to_thread
 
-from hashing.config import HashConfig
-from hashing.memo import PrefixMemo
-from hashing.wire import pack_header
+from pyfront.hashing.config import HashConfig
+from pyfront.hashing.memo import PrefixMemo
+from pyfront.hashing.wire import pack_header
 
 
 class PromptHasher:

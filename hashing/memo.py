@@ -18,7 +18,7 @@ serialization of a list of Python ints here (~6 ns per id, half of array('i')).
 Recent prompts (the fast path of a growing chat). Serializing 100k ids costs ~0.7 ms, most of a warm
 call. So the memo also keeps, for the `recent_prompts` latest prompts, a copy of their full-block ids,
 their chain, their keys and the SHA-256 state at their end. A caller that vouches for its ids
-(`checked=True`: every id an exact int32, as `engine_client.validation` guarantees after
+(`checked=True`: every id an exact int32, as `pyfront.engine_client.validation` guarantees after
 `validate_request`) gets its prompt compared against those copies with one list comparison (`==` on
 lists first compares pointers, so ids shared with the tokenizer's cache cost ~1 ns each). When a copy
 is a prefix, its keys, SHA-256 state and chain are taken over and only the ids after it are serialized
@@ -44,8 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hashing.blocks import hash_chain, salt_extra_keys
-from hashing.config import DIGEST_SIZE, HashConfig
+from pyfront.hashing.blocks import hash_chain, salt_extra_keys
+from pyfront.hashing.config import DIGEST_SIZE, HashConfig
 
 _MARSHAL_VERSION = 2  # version 2 writes no back-references, so equal lists give equal bytes
 _MARSHAL_HEADER = 5  # b"[" or b"(" + int32 element count
@@ -97,7 +97,7 @@ class _Recent:
 
 
 class PrefixMemo:
-    """Thread-safe; `block_hashes` always equals `hashing.block_hashes` for the same config."""
+    """Thread-safe; `block_hashes` always equals `pyfront.hashing.block_hashes` for the same config."""
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from hashing.config import DIGEST_SIZE
+from pyfront.hashing.config import DIGEST_SIZE
 
 MAGIC = b"FEH1"
 _HEADER = struct.Struct("<4sI")

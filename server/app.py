@@ -1,6 +1,6 @@
 """The ASGI application: routes, middleware, start-up and shutdown.
 
-`create_app(config)` is what `pyfront serve` runs; `uvicorn server.app:create_app --factory` builds the
+`create_app(config)` is what `pyfront serve` runs; `uvicorn pyfront.server.app:create_app --factory` builds the
 config from PYFRONT_* environment variables instead. Requests are parsed with msgspec (no pydantic on the
 request path); FastAPI supplies routing and the OpenAPI document.
 """
@@ -29,16 +29,16 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine_client.client import EngineClient, EngineClientConfig, EngineError
-from server import openai_types, serving
-from server.config import ServerConfig
-from server.errors import APIError, error_response
-from server.metrics import Metrics
-from server.openai_types import RequestValidationError
-from server.parsers import get_reasoning_parser, get_tool_parser
-from server.serving import CompletionBatch, Generation, ServingState
-from server.sse import SSEResponse
-from server.tokenizer import Tokenizer
+from pyfront.engine_client.client import EngineClient, EngineClientConfig, EngineError
+from pyfront.server import openai_types, serving
+from pyfront.server.config import ServerConfig
+from pyfront.server.errors import APIError, error_response
+from pyfront.server.metrics import Metrics
+from pyfront.server.openai_types import RequestValidationError
+from pyfront.server.parsers import get_reasoning_parser, get_tool_parser
+from pyfront.server.serving import CompletionBatch, Generation, ServingState
+from pyfront.server.sse import SSEResponse
+from pyfront.server.tokenizer import Tokenizer
 
 logger = logging.getLogger("pyfront.server")
 
@@ -173,7 +173,7 @@ class MockEngineProcess:
 
     def __init__(self, config: ServerConfig) -> None:
         ranks = [str(r) for r in range(config.data_parallel_size)]
-        cmd = [sys.executable, "-m", "engine_client.mock_engine",
+        cmd = [sys.executable, "-m", "pyfront.engine_client.mock_engine",
                "--handshake-address", f"tcp://{config.data_parallel_address}:{config.data_parallel_rpc_port}",
                "--ranks", *ranks, "--max-model-len", str(config.max_model_len or 32768),
                "--log-level", "WARNING", *config.mock_engine_args]  # fmt: skip

@@ -25,7 +25,7 @@ atomically, rebuilt when the builder changes), or pass
 :data:`BUNDLED_TOKENIZER_NAME` wherever a model/tokenizer name is accepted
 and resolve it with :func:`resolve_tokenizer_name`.
 
-``python -m server.bundled_tokenizer [OUT_DIR]`` builds the directory (into
+``python -m pyfront.server.bundled_tokenizer [OUT_DIR]`` builds the directory (into
 OUT_DIR, or the cache) and prints its path.
 """
 
@@ -587,11 +587,11 @@ def whole_word_token_ids(tokenizer: Any, count: int) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m server.bundled_tokenizer [OUT_DIR]``: build and print the directory."""
+    """``python -m pyfront.server.bundled_tokenizer [OUT_DIR]``: build and print the directory."""
     args = list(sys.argv[1:] if argv is None else argv)
     if any(arg in ("-h", "--help") for arg in args) or len(args) > 1:
         print(
-            "usage: python -m server.bundled_tokenizer [OUT_DIR]\n"
+            "usage: python -m pyfront.server.bundled_tokenizer [OUT_DIR]\n"
             "Build the bundled Qwen3 tokenizer into OUT_DIR (default: the pyfront cache) and print its path.",
             file=sys.stderr,
         )

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 
-from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from server.config import ServerConfig
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.config import ServerConfig
 
 # `vllm serve` flags that configure the engine, not the front end: pyfront refuses them by name.
 ENGINE_SIDE_FLAGS = (
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    from server.parsers import get_reasoning_parser, get_tool_parser
+    from pyfront.server.parsers import get_reasoning_parser, get_tool_parser
 
     try:
         if args.tool_call_parser:
@@ -180,7 +180,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from server.launcher import serve
+        from pyfront.server.launcher import serve
 
         serve(config_from_args(args))
     return 0

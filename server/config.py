@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 
 ENV_PREFIX = "PYFRONT_"
 

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import zmq
 import zmq.asyncio
 
-from engine_client.handshake import ClientAddresses, HandshakeError, run_handshake
-from server.config import ServerConfig
+from pyfront.engine_client.handshake import ClientAddresses, HandshakeError, run_handshake
+from pyfront.server.config import ServerConfig
 
 logger = logging.getLogger("pyfront.launcher")
 
@@ -73,7 +73,7 @@ def run_server(config: ServerConfig, sock: socket.socket | None = None) -> None:
     """One API server process: build the app and serve until SIGTERM/SIGINT."""
     import uvicorn
 
-    from server.app import create_app
+    from pyfront.server.app import create_app
 
     server = _graceful_server_class()(
         uvicorn.Config(
@@ -113,7 +113,7 @@ def _reuseport_socket(host: str, port: int) -> socket.socket:
 
 def _client_addresses(config: ServerConfig, run_dir: str) -> list[ClientAddresses]:
     """One input/output pair per API server: ipc when the engines are local, else TCP ports on the address."""
-    from engine_client.client import _is_loopback
+    from pyfront.engine_client.client import _is_loopback
 
     pairs = []
     for i in range(config.api_server_count):
@@ -147,7 +147,7 @@ def serve_many(config: ServerConfig) -> None:
     addresses = _client_addresses(config, run_dir)
     mock = None
     if config.mock_engine:
-        from server.app import MockEngineProcess
+        from pyfront.server.app import MockEngineProcess
 
         mock = MockEngineProcess(config)
     ctx = multiprocessing.get_context("spawn")

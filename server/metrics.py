@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from hashing import MemoStats
+from pyfront.hashing import MemoStats
 
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,

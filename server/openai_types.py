@@ -4,7 +4,7 @@ Decoding is one msgspec pass (no pydantic) followed by the request-level checks 
 server makes in its pydantic validators (``vllm/entrypoints/openai/chat_completion/protocol.py``,
 ``.../completion/protocol.py``, ``vllm/entrypoints/generate/base/protocol.py``) and the range checks of
 ``SamplingParams._verify_args`` that do not depend on the model. Everything that needs the prompt
-length, the vocabulary or the generation config is checked in :mod:`server.sampling`.
+length, the vocabulary or the generation config is checked in :mod:`pyfront.server.sampling`.
 
 Conventions, as in vLLM (pydantic ``extra="allow"``, lax mode):
 
@@ -558,7 +558,7 @@ def parse_logit_bias(logit_bias: dict[str, float]) -> dict[int, float]:
     """OpenAI's ``{"token id": bias}`` as ``{token_id: bias}`` with biases clamped to [-100, 100].
 
     Keys go through ``int()`` as in vLLM (``" 5"`` is token 5); token ids are checked against the
-    vocabulary in :func:`server.sampling.build_sampling_params`.
+    vocabulary in :func:`pyfront.server.sampling.build_sampling_params`.
     """
     out: dict[int, float] = {}
     invalid: list[str] = []

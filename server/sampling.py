@@ -12,8 +12,8 @@ keys. ``n`` is always 1: the server fans ``request.n`` out with :func:`child_par
 ``ParentRequest``.
 
 Anything the engine would refuse while decoding (engine-protocol.md 2.9) raises
-:class:`~server.openai_types.RequestValidationError` here, and the result always passes
-:func:`engine_client.validation.validate_sampling_params`.
+:class:`~pyfront.server.openai_types.RequestValidationError` here, and the result always passes
+:func:`pyfront.engine_client.validation.validate_sampling_params`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 
 import msgspec
 
-from engine_client.protocol import RequestOutputKind, SamplingParams, StructuredOutputsParams
-from engine_client.validation import validate_sampling_params
-from server.openai_types import (
+from pyfront.engine_client.protocol import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from pyfront.engine_client.validation import validate_sampling_params
+from pyfront.server.openai_types import (
     INT64_MAX,
     MAX_LOGPROBS,
     ChatCompletionRequest,
@@ -134,8 +134,8 @@ def build_sampling_params(
 ) -> SamplingParams:
     """The engine ``SamplingParams`` vLLM 0.32's OpenAI server sends for ``request`` (with ``n`` = 1).
 
-    ``request`` must come from :func:`~server.openai_types.decode_chat_request` /
-    :func:`~server.openai_types.decode_completion_request`. ``prompt_len``: tokens in the rendered
+    ``request`` must come from :func:`~pyfront.server.openai_types.decode_chat_request` /
+    :func:`~pyfront.server.openai_types.decode_completion_request`. ``prompt_len``: tokens in the rendered
     (and truncated) prompt. ``eos_token_id``: the tokenizer's EOS id (vLLM's ``renderer.get_eos_token_id()``).
     ``extra_eos_token_ids``: ``generation_config.json``'s ``eos_token_id`` (int list; may repeat the primary
     id). ``vocab_size``: the model's vocabulary size (logits width). ``generation_defaults``: see

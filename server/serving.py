@@ -24,7 +24,7 @@ import anyio.to_thread
 import msgspec
 from starlette.types import Send
 
-from engine_client.client import (
+from pyfront.engine_client.client import (
     EngineClient,
     EngineDeadError,
     EngineError,
@@ -33,26 +33,26 @@ from engine_client.client import (
     RequestStream,
     release_waiter,
 )
-from engine_client.protocol import (
+from pyfront.engine_client.protocol import (
     EngineCoreOutput,
     EngineCoreRequest,
     FinishReason,
     SamplingParams,
     StructuredOutputsParams,
 )
-from server.errors import APIError, sse_error_frame
-from server.metrics import Metrics
-from server.openai_types import (
+from pyfront.server.errors import APIError, sse_error_frame
+from pyfront.server.metrics import Metrics
+from pyfront.server.openai_types import (
     ChatCompletionRequest,
     CompletionRequest,
     RequestValidationError,
     message_text,
 )
-from server.parsers import OutputParser
-from server.parsers.tool_choice import hermes_structural_tag
-from server.sampling import build_sampling_params, child_params, resolve_structured_outputs
-from server.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
-from server.text import (
+from pyfront.server.parsers import OutputParser
+from pyfront.server.parsers.tool_choice import hermes_structural_tag
+from pyfront.server.sampling import build_sampling_params, child_params, resolve_structured_outputs
+from pyfront.server.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
+from pyfront.server.text import (
     PROMPT_TAIL_TOKENS,
     TextStream,
     chat_logprobs_content,
@@ -60,7 +60,7 @@ from server.text import (
     get_factory,
     next_text_offset,
 )
-from server.tokenizer import Tokenizer, TokenizerError
+from pyfront.server.tokenizer import Tokenizer, TokenizerError
 
 _FINISH_NAMES = {
     FinishReason.STOP: "stop",

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from server.bundled_tokenizer import resolve_tokenizer_name
-from server.segment_cache import SegmentTokenizer
+from pyfront.server.bundled_tokenizer import resolve_tokenizer_name
+from pyfront.server.segment_cache import SegmentTokenizer
 
 logger = logging.getLogger(__name__)
 

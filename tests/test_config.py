@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.cli import build_parser, config_from_args
-from server.config import ServerConfig
+from pyfront.server.cli import build_parser, config_from_args
+from pyfront.server.config import ServerConfig
 
 
 def test_from_env_parses_every_kind_of_field() -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from server.cli import build_parser, config_from_args
+from pyfront.server.cli import build_parser, config_from_args
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -212,8 +212,9 @@ def test_dockerfile_parses_into_python_slim_stages(stages: list[Stage]) -> None:
 def test_copy_lines_cover_every_package(stages: list[Stage]) -> None:
     """Every top-level package pyproject includes (and the files it needs to build) is copied."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {p.rstrip("*") for p in patterns}
+    # Each installed package's folder (pyfront.server -> server/), as pyproject's package-dir maps them.
+    package_dir = project["tool"]["setuptools"]["package-dir"]
+    packages = {folder.split("/")[0] for folder in package_dir.values()}
     copied: set[str] = set()
     for stage in stages:
         for ins in stage.all("COPY"):
@@ -269,9 +270,9 @@ def test_env_turns_on_feh_and_points_the_cache_at_the_users_home(runtime: Stage)
     builds = [
         n
         for n, ins in enumerate(runtime.instructions)
-        if ins.keyword == "RUN" and "server.bundled_tokenizer" in ins.args
+        if ins.keyword == "RUN" and "pyfront.server.bundled_tokenizer" in ins.args
     ]
-    assert builds, "the image must build the bundled tokenizer (python -m server.bundled_tokenizer)"
+    assert builds, "the image must build the bundled tokenizer (python -m pyfront.server.bundled_tokenizer)"
     assert builds[-1] > keywords.index("USER"), "build the tokenizer as the non-root user"
 
 
@@ -618,7 +619,17 @@ def test_replay_installs_the_runtime_without_the_test_extra(replayed: tuple[Repl
     python = replay.which("python", host_env)
     assert python.startswith(str(replay.root)), "the runtime python is the image's virtualenv"
     probe = "import importlib.util as u, json, sys; print(json.dumps({m: bool(u.find_spec(m)) for m in sys.argv[1:]}))"
-    modules = ["server", "engine_client", "hashing", "uvloop", "httptools", "pytest", "hypothesis", "openai", "ruff"]
+    modules = [
+        "pyfront.server",
+        "pyfront.engine_client",
+        "pyfront.hashing",
+        "uvloop",
+        "httptools",
+        "pytest",
+        "hypothesis",
+        "openai",
+        "ruff",
+    ]
     found = json.loads(subprocess.run([python, "-c", probe, *modules], env=host_env, capture_output=True,
                                       text=True, check=True, cwd=replay.root).stdout)  # fmt: skip
     assert all(found[m] for m in modules[:5]), found
@@ -640,7 +651,9 @@ def test_replay_entrypoint_serves_passes_its_healthcheck_and_exits_0_on_sigterm(
     cmd = runtime.one("CMD").exec_form
     assert cmd is not None
     model = replay.path(cmd[0])
-    subprocess.run([python, "-m", "server.bundled_tokenizer", model], env=host_env, check=True, capture_output=True)
+    subprocess.run(
+        [python, "-m", "pyfront.server.bundled_tokenizer", model], env=host_env, check=True, capture_output=True
+    )
     port = free_port()
     argv = [*runtime.one("ENTRYPOINT").exec_form, *cmd]  # type: ignore[misc]
     argv[argv.index("--port") + 1] = str(port)

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 
-from engine_client.client import (
+from pyfront.engine_client.client import (
     DuplicateRequestError,
     EngineClient,
     EngineClientConfig,
@@ -26,10 +26,10 @@ from engine_client.client import (
     EngineUnavailableError,
     RequestAbortedError,
 )
-from engine_client.handshake import HandshakeError
-from engine_client.mock_engine import MockConfig, run_mock_engine
-from engine_client.protocol import EngineCoreRequest, SamplingParams
-from hashing import default_none_hash
+from pyfront.engine_client.handshake import HandshakeError
+from pyfront.engine_client.mock_engine import MockConfig, run_mock_engine
+from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams
+from pyfront.hashing import default_none_hash
 
 EOS = 151645
 
@@ -63,7 +63,7 @@ def mock_threads(port: int, ranks: list[int], **kwargs) -> Iterator[None]:
 @contextmanager
 def mock_process(port: int, ranks: list[int], *args: str) -> Iterator[subprocess.Popen]:
     """A mock engine in its own process, for tests that kill it."""
-    cmd = [sys.executable, "-m", "engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{port}",
+    cmd = [sys.executable, "-m", "pyfront.engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{port}",
            "--ranks", *map(str, ranks), "--log-level", "WARNING", *args]  # fmt: skip
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
@@ -260,7 +260,7 @@ def run_negotiation(port: int, size: int, engines: list[dict], feh_enabled: bool
                 assert client.hasher.memo.stats.hits >= 3
             return await engine_stats(client)
 
-    with caplog.at_level(logging.INFO, logger="engine_client.client"):
+    with caplog.at_level(logging.INFO, logger="pyfront.engine_client.client"):
         threads = [mock_threads(port, [rank], **kw) for rank, kw in enumerate(engines)]
         for ctx in threads:
             ctx.__enter__()

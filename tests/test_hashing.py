@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hashing
-from hashing import HashConfig, PrefixMemo, PromptHasher, block_hashes, pack_block_hashes, unpack_block_hashes
+from pyfront import hashing
+from pyfront.hashing import HashConfig, PrefixMemo, PromptHasher, block_hashes, pack_block_hashes, unpack_block_hashes
 
 INT32_MAX = 2**31 - 1
 

@@ -7,7 +7,7 @@ import re
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from server.metrics import _ITL_BUCKETS, Metrics, _LoopHistogram
+from pyfront.server.metrics import _ITL_BUCKETS, Metrics, _LoopHistogram
 
 
 def _exposition(registry: CollectorRegistry) -> list[str]:

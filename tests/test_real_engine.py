@@ -39,11 +39,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine_client.client import EngineClient, EngineClientConfig
-from engine_client.mock_engine import DEFAULT_WORD_IDS
-from engine_client.protocol import EngineCoreRequest, FinishReason, RequestOutputKind, SamplingParams
-from hashing import HashConfig, block_hashes, default_none_hash
-from server.bundled_tokenizer import ensure_qwen3_tokenizer
+from pyfront.engine_client.client import EngineClient, EngineClientConfig
+from pyfront.engine_client.mock_engine import DEFAULT_WORD_IDS
+from pyfront.engine_client.protocol import EngineCoreRequest, FinishReason, RequestOutputKind, SamplingParams
+from pyfront.hashing import HashConfig, block_hashes, default_none_hash
+from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
 from tools.real_engine import engine as real_engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -199,7 +199,7 @@ def managed_processes() -> Iterator[Processes]:
 
 def _start_mock_engine(rpc_port: int, log_path: Path, *args: str) -> real_engine.Handle:
     """pyfront's mock engine as its own process group, shaped like engine.py's handles."""
-    argv = [sys.executable, "-m", "engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{rpc_port}",
+    argv = [sys.executable, "-m", "pyfront.engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{rpc_port}",
             "--ranks", "0", "--max-model-len", str(MAX_MODEL_LEN), *args]  # fmt: skip
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -602,7 +602,9 @@ PYTEST_UNDER_VLLM = textwrap.dedent(
     """
     import json, sys
 
-    sys.path.append(sys.argv[1])  # the dev venv's site-packages (pytest, hypothesis...), after vLLM's own
+    import site
+
+    site.addsitedir(sys.argv[1])  # the dev venv's site-packages (pytest, pyfront's editable finder), after vLLM's own
     import pytest
 
     class Outcomes:
@@ -652,7 +654,7 @@ BENCH_TIMEOUT_S = 600.0
 
 def _start_pyfront_mock(model_dir: Path, http_port: int, rpc_port: int, log_path: Path) -> real_engine.Handle:
     """`pyfront serve MODEL --mock-engine` as its own process group (pyfront starts the mock engine itself)."""
-    argv = [sys.executable, "-m", "server.cli", "serve", str(model_dir), "--mock-engine",
+    argv = [sys.executable, "-m", "pyfront.server.cli", "serve", str(model_dir), "--mock-engine",
             "--host", "127.0.0.1", "--port", str(http_port), "--data-parallel-rpc-port", str(rpc_port),
             "--served-model-name", "tiny", "--mock-engine-args", "--step-interval 0.005"]  # fmt: skip
     with open(log_path, "ab") as log:
@@ -727,7 +729,7 @@ def test_vllm_bench_serve_against_pyfront(tiny_model: Path, vllm_venv: Path, tok
         pyfront = procs.add(_start_pyfront_mock(tiny_model, http, rpc, pyfront_log))
         waited = real_engine.wait_healthy(pyfront, timeout=STARTUP_TIMEOUT_S)
         print(f"\npyfront healthy after {waited:.1f} s; log {pyfront_log}")
-        mocks = [c for c in _children(pyfront.pid) if "engine_client.mock_engine" in c[2]]
+        mocks = [c for c in _children(pyfront.pid) if "pyfront.engine_client.mock_engine" in c[2]]
         assert len(mocks) == 1, f"expected one mock engine child of pyfront, found {mocks}"
         mock_pid, mock_pgid, mock_cmd = mocks[0]
         # The mock runs in a session of its own (server/app.py: start_new_session): pyfront's group signal
@@ -892,7 +894,7 @@ def _start_pyfront_server(
     model_dir: Path, http_port: int, rpc_port: int, log_path: Path, *extra: str
 ) -> real_engine.Handle:
     """`pyfront serve MODEL` (no mock of its own: the test starts the engine) as its own process group."""
-    argv = [sys.executable, "-m", "server.cli", "serve", str(model_dir), "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "pyfront.server.cli", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(http_port), "--data-parallel-rpc-port", str(rpc_port), *extra]  # fmt: skip
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(

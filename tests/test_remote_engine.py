@@ -17,7 +17,7 @@ import uuid
 import httpx
 import pytest
 
-from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.test_server import free_port
 
 FRONT_ADDR = "10.213.77.1"
@@ -62,12 +62,12 @@ def test_engine_in_another_namespace_over_tcp(engine_namespace, tmp_path) -> Non
     engine_log = open(tmp_path / "engine.log", "w")  # noqa: SIM115
     server_log = open(tmp_path / "server.log", "w")  # noqa: SIM115
     engine = subprocess.Popen(
-        ["ip", "netns", "exec", engine_namespace, sys.executable, "-m", "engine_client.mock_engine",
+        ["ip", "netns", "exec", engine_namespace, sys.executable, "-m", "pyfront.engine_client.mock_engine",
          "--handshake-address", f"tcp://{FRONT_ADDR}:{rpc_port}", "--ranks", "0", "--advertise-feh"],
         stdout=engine_log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     server = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--port", str(http_port),
+        [sys.executable, "-m", "pyfront.server.cli", "serve", "--port", str(http_port),
          "--data-parallel-address", FRONT_ADDR, "--data-parallel-rpc-port", str(rpc_port)],
         stdout=server_log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip

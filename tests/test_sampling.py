@@ -1,4 +1,4 @@
-"""server.sampling: OpenAI request -> engine SamplingParams, checked against vLLM 0.32's own output.
+"""pyfront.server.sampling: OpenAI request -> engine SamplingParams, checked against vLLM 0.32's own output.
 
 The ``real_frontend_add_*`` vectors were captured from vLLM 0.32's OpenAI server; ``VLLM_GOLDEN`` holds
 the SamplingParams vLLM 0.32 builds for more requests (its ``to_sampling_params`` -> ``verify`` ->
@@ -16,17 +16,17 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine_client.codec import decode_request, encode_add
-from engine_client.protocol import RequestOutputKind, SamplingParams, StructuredOutputsParams
-from engine_client.validation import validate_sampling_params
-from server.openai_types import (
+from pyfront.engine_client.codec import decode_request, encode_add
+from pyfront.engine_client.protocol import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from pyfront.engine_client.validation import validate_sampling_params
+from pyfront.server.openai_types import (
     ChatCompletionRequest,
     CompletionRequest,
     RequestValidationError,
     decode_chat_request,
     decode_completion_request,
 )
-from server.sampling import (
+from pyfront.server.sampling import (
     build_sampling_params,
     check_json_nesting,
     child_params,

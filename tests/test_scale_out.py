@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.test_server import free_port
 
 
@@ -39,7 +39,7 @@ def test_two_api_servers_two_engines(tmp_path) -> None:
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115
     env = {**os.environ, "VLLM_NATIVE_FEH": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--mock-engine", "--api-server-count", "2",
+        [sys.executable, "-m", "pyfront.server.cli", "serve", "--mock-engine", "--api-server-count", "2",
          "--data-parallel-size", "2", "--port", str(port), "--mock-engine-args", "--step-interval 0.005"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
     )  # fmt: skip

@@ -16,10 +16,10 @@ import openai
 import pytest
 import uvicorn
 
-from engine_client.mock_engine import MockConfig, MockEngine
-from server.app import create_app
-from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from server.config import ServerConfig
+from pyfront.engine_client.mock_engine import MockConfig, MockEngine
+from pyfront.server.app import create_app
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.config import ServerConfig
 
 MODEL = "qwen3-test"
 API_KEY = "sk-test-key"

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_client.protocol import PlainLogprobs
-from server.text import (
+from pyfront.engine_client.protocol import PlainLogprobs
+from pyfront.server.text import (
     LOGPROB_FLOOR,
     DetokenizerFactory,
     FastIncrementalDetokenizer,
@@ -62,7 +62,7 @@ SAMPLES = [
 def tok():
     from transformers import AutoTokenizer
 
-    from server.bundled_tokenizer import ensure_qwen3_tokenizer
+    from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
 
     return AutoTokenizer.from_pretrained(str(ensure_qwen3_tokenizer()), local_files_only=True)
 

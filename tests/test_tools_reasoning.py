@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from engine_client.mock_engine import MockConfig, MockEngine
-from server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from server.cli import build_parser, config_from_args
-from server.config import ServerConfig
+from pyfront.engine_client.mock_engine import MockConfig, MockEngine
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.cli import build_parser, config_from_args
+from pyfront.server.config import ServerConfig
 from tests.test_server import API_KEY, MODEL, free_port, start_server
 
 TOOLS = [

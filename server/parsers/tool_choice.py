@@ -23,8 +23,8 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from server.parsers.json_stream import ArgumentsReader, CallObjectReader
-from server.parsers.tool_calls import ToolCallParser, ToolCallStream, make_tool_call_id
+from pyfront.server.parsers.json_stream import ArgumentsReader, CallObjectReader
+from pyfront.server.parsers.tool_calls import ToolCallParser, ToolCallStream, make_tool_call_id
 
 __all__ = [
     "NamedToolCallParser",
