@@ -232,6 +232,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         max_in_flight=config.max_num_seqs_in_flight or None,
         request_timeout_s=config.request_timeout or None,
         sse_keepalive_s=config.sse_keep_alive_interval or None,
+        enable_prompt_tokens_details=config.enable_prompt_tokens_details,
     )
     state.metrics = Metrics(
         config.model_names[0],

@@ -53,6 +53,8 @@ class ServerConfig:
     mock_engine: bool = False
     mock_engine_args: list[str] = field(default_factory=list)
     enable_log_requests: bool = False
+    enable_prompt_tokens_details: bool = False
+    """usage.prompt_tokens_details.cached_tokens from the engine's num_cached_tokens (vLLM's flag of the same name)."""
 
     @property
     def model_names(self) -> list[str]:

@@ -90,6 +90,8 @@ class ServingState:
     """Engine requests (choices) this process admits at once; beyond it, 503 + Retry-After."""
     request_timeout_s: float | None = None
     sse_keepalive_s: float | None = 15.0
+    enable_prompt_tokens_details: bool = False
+    """Report usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), as vLLM does."""
     active: int = 0
     engine: EngineClient | None = None
     engine_error: str | None = None
