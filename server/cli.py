@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import socket
@@ -103,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tokenizer", default=None, help="tokenizer directory, if not MODEL")
     serve.add_argument("--chat-template", default=None, help="chat template file or inline Jinja")
     serve.add_argument(
-        "--trust-request-chat-template", action="store_true", help="allow requests to pass their own chat_template"
+        "--trust-request-chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="allow requests to pass their own chat_template",
     )
     serve.add_argument("--max-model-len", type=positive_int, default=None, help="cap below the engines' max_model_len")
     serve.add_argument("--data-parallel-address", "-dpa", default="127.0.0.1", help="address the engines connect to")
@@ -145,24 +149,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="an engine silent this long (and not answering pings) is taken out of service",
     )
     serve.add_argument(
-        "--disable-uvicorn-access-log", action="store_true", help="no access-log line per request (saves CPU)"
+        "--disable-uvicorn-access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="no access-log line per request (saves CPU)",
     )
     serve.add_argument(
         "--enable-log-requests",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="log one line per admitted completion request (id, route, prompt tokens, parameters)",
     )
     serve.add_argument(
         "--enable-request-id-headers",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="add an X-Request-Id header to every response (the request's own, or a new one)",
     )
     serve.add_argument(
         "--enable-prompt-tokens-details",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="usage.prompt_tokens_details.cached_tokens in responses",
     )
-    serve.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
+    serve.add_argument(
+        "--disable-fastapi-docs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="no /docs, /redoc or /openapi.json",
+    )
     serve.add_argument(
         "--root-path", default="", help="path prefix of a proxy in front of the server (FastAPI root_path)"
     )
@@ -179,7 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="client certificates: 0 not asked, 1 optional, 2 required (Python's ssl.CERT_*)",
     )
     serve.add_argument("--tool-call-parser", default=None, help="tool call parser (known: hermes)")
-    serve.add_argument("--enable-auto-tool-choice", action="store_true", help="parse tool calls for tool_choice auto")
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="parse tool calls for tool_choice auto",
+    )
     serve.add_argument("--reasoning-parser", default=None, help="reasoning parser (known: qwen3)")
     serve.add_argument(
         "--api-server-count",
@@ -243,6 +263,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _origins(values: list[str]) -> list[str]:
+    """--allowed-origins as pyfront takes it (one or more origins) or as `vllm serve` does (one JSON list)."""
+    if len(values) == 1 and values[0].lstrip().startswith("["):
+        try:
+            origins = json.loads(values[0])
+        except ValueError:
+            origins = None
+        if not (isinstance(origins, list) and all(isinstance(o, str) for o in origins)):
+            raise SystemExit(f"pyfront: --allowed-origins {values[0]}: not a JSON list of strings")
+        return origins
+    return values
+
+
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
     """The settings the flags ask for, or a one-line `SystemExit("pyfront: ...")` saying what to pass instead."""
     from pyfront.server.parsers import get_reasoning_parser, get_tool_parser
@@ -296,7 +329,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         port=args.port,
         api_key=resolve_api_keys(args.api_key, environ),
         metrics_require_api_key=args.metrics_require_api_key,
-        allowed_origins=args.allowed_origins,
+        allowed_origins=_origins(args.allowed_origins),
         max_request_body_bytes=args.max_request_body_bytes,
         uvicorn_log_level=args.uvicorn_log_level,
         data_parallel_address=args.data_parallel_address,

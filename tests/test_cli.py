@@ -188,6 +188,22 @@ def test_frontend_flags_reach_the_config() -> None:
         config_from_args(parse_args(["serve", "--uds", "/tmp/x.sock", "--api-server-count", "2", "--port", "1"]))
 
 
+def test_vllm_spellings_of_front_end_flags() -> None:
+    """vLLM's --no-... forms of its boolean flags, its short aliases, and its JSON list for --allowed-origins."""
+    args = parse_args(["serve", "--no-enable-log-requests", "--no-disable-fastapi-docs", "-dp", "2", "-asc", "2",
+                       "--port", "8000", "--allowed-origins", '["http://a", "http://b"]'])  # fmt: skip
+    config = config_from_args(args)
+    assert not config.enable_log_requests and not config.disable_fastapi_docs
+    assert (config.data_parallel_size, config.api_server_count) == (2, 2)
+    assert config.allowed_origins == ["http://a", "http://b"]
+    assert config_from_args(parse_args(["serve", "--allowed-origins", "http://a", "http://b"])).allowed_origins == [
+        "http://a",
+        "http://b",
+    ]
+    with pytest.raises(SystemExit, match="not a JSON list of strings"):
+        config_from_args(parse_args(["serve", "--allowed-origins", "[1, 2]"]))
+
+
 def test_api_keys_are_decided_in_one_place_as_vllm_does() -> None:
     """--api-key wins over VLLM_API_KEY (vLLM's --api-key defaults to it); either alone is enough."""
     assert resolve_api_keys([], {"VLLM_API_KEY": "env"}) == ["env"]
