@@ -14,7 +14,7 @@ import os
 import socket
 import ssl
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 
 from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
@@ -35,10 +35,10 @@ ENGINE_SIDE_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--limit-mm-per-prompt",), ("--headless",),
 )  # fmt: skip
 
-PORT_RANGE = "0-65535"
 
-
-def _bounded(kind: type[int] | type[float], low: float, high: float | None = None, *, above: bool = False):
+def _bounded(
+    kind: type[int] | type[float], low: float, high: float | None = None, *, above: bool = False
+) -> Callable[[str], int | float]:
     """An argparse `type` that parses `kind` and refuses values outside [low, high] (or <= low with `above`).
 
     Every numeric flag goes through one of these, so `--port 99999` or `--shutdown-timeout -1` is an
@@ -62,7 +62,6 @@ def _bounded(kind: type[int] | type[float], low: float, high: float | None = Non
             raise argparse.ArgumentTypeError(f"{text} is out of range: must be {noun} {wanted}")
         return value
 
-    parse.__name__ = kind.__name__
     return parse
 
 
@@ -95,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(serve_parser=serve)
     serve.add_argument("model", nargs="?", default=BUNDLED_TOKENIZER_NAME, help="model or tokenizer directory")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    serve.add_argument("--port", type=port, default=8000, help=f"HTTP port, {PORT_RANGE} (0: a free port)")
+    serve.add_argument("--port", type=port, default=8000, help="HTTP port (0: a free port, shown in the banner)")
     serve.add_argument("--uds", default=None, help="serve on this unix socket instead of --host/--port")
     serve.add_argument(
         "--api-key", action="append", default=[], help="required bearer key (repeatable; default: $VLLM_API_KEY if set)"
