@@ -14,9 +14,11 @@ import gc
 import hmac
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
 from typing import Any
@@ -31,16 +33,31 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyfront.engine_client.client import EngineClient, EngineClientConfig, EngineError
 from pyfront.server import openai_types, serving
-from pyfront.server.config import ServerConfig
-from pyfront.server.errors import APIError, error_response
+from pyfront.server.config import ServerConfig, tokenizer_problem
+from pyfront.server.errors import APIError, error_response, sse_error_frame
+from pyfront.server.launcher import FORCED_EXIT
 from pyfront.server.metrics import Metrics
 from pyfront.server.openai_types import RequestValidationError
 from pyfront.server.parsers import get_reasoning_parser, get_tool_parser
 from pyfront.server.serving import CompletionBatch, Generation, ServingState
-from pyfront.server.sse import SSEResponse
+from pyfront.server.sse import DONE_FRAME, SSEResponse
 from pyfront.server.tokenizer import Tokenizer
 
 logger = logging.getLogger("pyfront.server")
+
+
+class _NoTorchNotice(logging.Filter):
+    """Drops transformers' "PyTorch was not found..." notice: a front end only needs the tokenizers.
+
+    Only that one record; every other transformers warning still shows. Installed at import, before
+    transformers is imported (by the tokenizer), on both start-up paths: `pyfront serve` and the factory.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found.")
+
+
+logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 PYFRONT_VERSION = version("pyfront")
 _encode = msgspec.json.encode
@@ -106,6 +123,42 @@ class APIKeyMiddleware:
             )
             return
         await self.app(scope, receive, send)
+
+
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+"""A header value that is safe to send back: visible ASCII, inner spaces and tabs (no CR/LF, no controls)."""
+
+
+def valid_header_value(value: str) -> bool:
+    return _HEADER_VALUE.fullmatch(value) is not None
+
+
+class RequestIdHeaderMiddleware:
+    """`--enable-request-id-headers`: every response gets an X-Request-Id header, as in vLLM.
+
+    The completion routes set it themselves to the id their response carries; on every other response it
+    is the request's own X-Request-Id, or a new uuid4 hex when there is none or it is not a safe header value.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = _Headers(scope).request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    value = given if given is not None and valid_header_value(given) else uuid.uuid4().hex
+                    headers.append((b"x-request-id", value.encode("latin-1")))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class BodyLimitMiddleware:
@@ -193,6 +246,22 @@ class MockEngineProcess:
 
 
 async def _start_engine(state: ServingState, config: ServerConfig) -> None:
+    if config.client_count == 1:
+        host = config.data_parallel_address
+        ranks = "rank 0" if config.data_parallel_size == 1 else f"ranks 0-{config.data_parallel_size - 1}"
+        logger.info(
+            "waiting for %d engine(s) (%s) to connect to the handshake address tcp://%s:%d%s",
+            config.data_parallel_size,
+            ranks,
+            f"[{host}]" if ":" in host else host,
+            config.data_parallel_rpc_port,
+            " (the bundled mock engine)"
+            if config.mock_engine
+            else f"; start them with `vllm serve MODEL --headless --data-parallel-address {host} "
+            f"--data-parallel-rpc-port {config.data_parallel_rpc_port} --data-parallel-size "
+            f"{config.data_parallel_size}`, or for a demo without a GPU use the bundled mock engine "
+            "(`pyfront serve --mock-engine`, or PYFRONT_MOCK_ENGINE=1 with the uvicorn factory)",
+        )
     try:
         state.engine = await EngineClient.start(
             EngineClientConfig(
@@ -216,8 +285,13 @@ async def _start_engine(state: ServingState, config: ServerConfig) -> None:
 
 
 def create_app(config: ServerConfig | None = None) -> FastAPI:
-    """The application; with no config, settings come from PYFRONT_* environment variables."""
-    config = config or ServerConfig.from_env()
+    """The application; with no config (`uvicorn pyfront.server.app:create_app --factory`), settings come
+    from PYFRONT_* environment variables, and a bad PYFRONT_MODEL / PYFRONT_TOKENIZER exits with one line."""
+    if config is None:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+        config = ServerConfig.from_env()
+        if problem := tokenizer_problem(config.tokenizer_name):
+            raise SystemExit(f"pyfront: {problem} (PYFRONT_MODEL / PYFRONT_TOKENIZER)")
     tokenizer = Tokenizer(config.tokenizer_name, chat_template=config.chat_template)
     state = ServingState(
         tokenizer=tokenizer,
@@ -260,14 +334,21 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
             if mock is not None:
                 mock.stop()
 
-    app = PyfrontApp(title="pyfront", version=PYFRONT_VERSION, lifespan=lifespan)
+    docs: dict[str, Any] = {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = PyfrontApp(
+        title="pyfront",
+        version=PYFRONT_VERSION,
+        lifespan=lifespan,
+        root_path=config.root_path,
+        **(docs if config.disable_fastapi_docs else {}),
+    )
     app.state.serving = state
     app.state.config = config
-    _add_routes(app, state)
+    _add_routes(app, state, config)
     _add_error_handlers(app, state)
     open_paths = {"/health", "/ready"} | (set() if config.metrics_require_api_key else {"/metrics"})
     # The same user middleware, in the same order (outermost last), around FastAPI and around the fast lane.
-    fast_lane = FastLane(state)
+    fast_lane = FastLane(state, config)
     lane: ASGIApp = fast_lane
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, keys=config.api_key, open_paths=open_paths)
@@ -277,7 +358,11 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, **cors)
         lane = CORSMiddleware(lane, **cors)
     app.add_middleware(BodyLimitMiddleware, limit=config.max_request_body_bytes)
-    app.fast_lane = BodyLimitMiddleware(lane, limit=config.max_request_body_bytes)
+    lane = BodyLimitMiddleware(lane, limit=config.max_request_body_bytes)
+    if config.enable_request_id_headers:
+        app.add_middleware(RequestIdHeaderMiddleware)
+        lane = RequestIdHeaderMiddleware(lane)
+    app.fast_lane = lane
     app.fast_paths = frozenset(fast_lane.handlers)
     return app
 
@@ -345,7 +430,21 @@ class _Headers:
                 self.timeout = value.decode("latin-1")
 
 
-async def chat_response(state: ServingState, raw: bytes, headers: _Headers) -> Response:
+_LOGGED_PARAMS = ("stream", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+def _log_request(request_id: str, route: str, prompt_tokens: int, body: Any) -> None:
+    """`--enable-log-requests`: one line per admitted request, with the parameters it set (never the prompt)."""
+    params = ", ".join(f"{k}={v!r}" for k in _LOGGED_PARAMS if (v := getattr(body, k, None)) is not None)
+    logger.info("request %s: POST %s, %d prompt tokens, %s", request_id, route, prompt_tokens, params)
+
+
+def _id_headers(config: ServerConfig, base: str) -> dict[str, str]:
+    """The completion routes' X-Request-Id (the id in the body) with --enable-request-id-headers, if safe to send."""
+    return {"x-request-id": base} if config.enable_request_id_headers and valid_header_value(base) else {}
+
+
+async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, headers: _Headers) -> Response:
     """POST /v1/chat/completions: parse -> render/tokenize -> engine -> a JSON or SSE response."""
     body = await _decode(
         functools.partial(
@@ -362,6 +461,8 @@ async def chat_response(state: ServingState, raw: bytes, headers: _Headers) -> R
         plan = serving.plan_output_parsing(state, body, prompt_text)
         base = serving.base_request_id(headers.request_id, body.request_id)
         response_id = f"chatcmpl-{base}"
+        if config.enable_log_requests:
+            _log_request(response_id, "/v1/chat/completions", len(prompt_ids), body)
         generation = await serving.prepare(
             state,
             body,
@@ -372,7 +473,7 @@ async def chat_response(state: ServingState, raw: bytes, headers: _Headers) -> R
             plan=plan,
             prompt_block_hashes=hashes,
         )
-        response_headers = {"x-request-id": base}
+        response_headers = _id_headers(config, base)
         if body.stream:
             streamed, admission = admission, None
             if len(generation.choices) == 1:
@@ -388,7 +489,7 @@ async def chat_response(state: ServingState, raw: bytes, headers: _Headers) -> R
             admission.release()
 
 
-async def completion_response(state: ServingState, raw: bytes, headers: _Headers) -> Response:
+async def completion_response(state: ServingState, config: ServerConfig, raw: bytes, headers: _Headers) -> Response:
     """POST /v1/completions: parse -> tokenize each prompt -> engine -> a JSON or SSE response."""
     body = await _decode(openai_types.decode_completion_request, raw)
     model = state.check_model(body.model)
@@ -399,6 +500,8 @@ async def completion_response(state: ServingState, raw: bytes, headers: _Headers
     try:
         base = serving.base_request_id(headers.request_id, body.request_id)
         response_id = f"cmpl-{base}"
+        if config.enable_log_requests:
+            _log_request(response_id, "/v1/completions", sum(len(p) for p in prompts), body)
         generations: list[Generation] = []
         try:
             for i, (_, prompt_ids) in enumerate(prompts):
@@ -415,7 +518,7 @@ async def completion_response(state: ServingState, raw: bytes, headers: _Headers
         echo_texts = [text or "" for text, _ in prompts] if body.echo else None
         echo_only = bool(body.echo and body.max_tokens == 0)
         batch = CompletionBatch(generations, echo_texts, body.n or 1, echo_only=echo_only)
-        response_headers = {"x-request-id": base}
+        response_headers = _id_headers(config, base)
         if body.stream:
             streamed, admission = admission, None
             if len(generations) == 1 and len(generations[0].choices) == 1:
@@ -442,8 +545,9 @@ class FastLane:
     mapped to the same OpenAI error bodies (`exception_response`).
     """
 
-    def __init__(self, state: ServingState) -> None:
+    def __init__(self, state: ServingState, config: ServerConfig) -> None:
         self.state = state
+        self.config = config
         self.handlers = {"/v1/chat/completions": chat_response, "/v1/completions": completion_response}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -452,7 +556,7 @@ class FastLane:
             raw = await _read_body(receive)
             if raw is None:
                 return  # the client left before sending its body
-            response = await self.handlers[scope["path"]](state, raw, _Headers(scope))
+            response = await self.handlers[scope["path"]](state, self.config, raw, _Headers(scope))
         except Exception as exc:
             response = exception_response(state, exc)
         await response(scope, receive, send)
@@ -476,25 +580,64 @@ class PyfrontApp(FastAPI):
     fast_paths: frozenset[str] = frozenset()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.fast_lane is not None
-            and scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"] in self.fast_paths
-        ):
-            await self.fast_lane(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
+        try:
+            if (
+                self.fast_lane is not None
+                and scope["type"] == "http"
+                and scope["method"] == "POST"
+                and scope["path"] in self.fast_paths
+            ):
+                await self.fast_lane(scope, receive, send)
+                return
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError as exc:
+            reason = _SHUTDOWN_CANCELS.get(exc.args[0]) if exc.args and scope["type"] == "http" else None
+            if reason is None:
+                raise
+            await _end_cut_response(scope, send, reason)
 
 
-def _add_routes(app: FastAPI, state: ServingState) -> None:
+_SHUTDOWN_CANCELS = {
+    "Task cancelled, timeout graceful shutdown exceeded": "the shutdown drain timeout passed",
+    FORCED_EXIT: "forced exit",
+}
+"""The cancels that end a shutdown, by message: uvicorn's when the drain times out, pyfront's on a second Ctrl-C.
+
+uvicorn logs one line for the first ("Cancel N running task(s), timeout graceful shutdown exceeded"); the
+requests it cuts end here quietly, instead of as one "Exception in ASGI application" traceback each.
+"""
+
+
+async def _end_cut_response(scope: Scope, send: Send, reason: str) -> None:
+    """End a request cut by shutdown: a 503 if nothing was sent yet, else an SSE error event and the end of the body.
+
+    The server's `send` says which: it refuses a second response start.
+    """
+    current = asyncio.current_task()
+    if current is not None:
+        current.uncancel()
+    message = f"server shutting down: request cut ({reason})"
+    with contextlib.suppress(OSError, RuntimeError):  # the client may be gone too
+        try:
+            await error_response(503, message)(scope, _disconnected, send)
+        except RuntimeError:  # the response had started: a stream
+            cut = sse_error_frame(503, message) + DONE_FRAME
+            await send({"type": "http.response.body", "body": cut, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None:
     @app.post("/v1/chat/completions", openapi_extra=_request_body_schema("ChatCompletionRequest"))
     async def chat_completions(request: Request) -> Response:
-        return await chat_response(state, await request.body(), _Headers(request.scope))
+        return await chat_response(state, config, await request.body(), _Headers(request.scope))
 
     @app.post("/v1/completions", openapi_extra=_request_body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
-        return await completion_response(state, await request.body(), _Headers(request.scope))
+        return await completion_response(state, config, await request.body(), _Headers(request.scope))
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -7,21 +7,69 @@ something pyfront does not do (they are listed, so the error says why rather tha
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
+import math
+import os
 import socket
+import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 
 from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from pyfront.server.config import ServerConfig
+from pyfront.server.config import ServerConfig, resolve_api_keys, tokenizer_problem
 
-# `vllm serve` flags that configure the engine, not the front end: pyfront refuses them by name.
-ENGINE_SIDE_FLAGS = (
-    "--tensor-parallel-size", "--pipeline-parallel-size", "--gpu-memory-utilization", "--dtype", "--quantization",
-    "--enforce-eager", "--enable-prefix-caching", "--kv-cache-dtype", "--max-num-seqs", "--max-num-batched-tokens",
-    "--block-size", "--swap-space", "--cpu-offload-gb", "--headless", "--data-parallel-size-local",
-    "--enable-lora", "--speculative-config", "--load-format",
+# `vllm serve` flags that configure the engine, not the front end (vLLM's EngineArgs), with vLLM's short
+# aliases: pyfront refuses them by name, so the error says where they belong rather than "unrecognized".
+ENGINE_SIDE_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp"), ("--data-parallel-rank", "-dpn"),
+    ("--data-parallel-start-rank", "-dpr"), ("--data-parallel-backend", "-dpb"), ("--enable-expert-parallel", "-ep"),
+    ("--distributed-executor-backend",), ("--gpu-memory-utilization",), ("--kv-cache-memory-bytes",),
+    ("--dtype",), ("--quantization", "-q"), ("--kv-cache-dtype",), ("--block-size",), ("--swap-space",),
+    ("--cpu-offload-gb",), ("--num-gpu-blocks-override",), ("--enforce-eager",), ("--compilation-config", "-cc"),
+    ("--attention-backend",), ("--enable-prefix-caching",), ("--enable-chunked-prefill",), ("--async-scheduling",),
+    ("--max-num-seqs",), ("--max-num-batched-tokens",), ("--seed",), ("--trust-remote-code",), ("--revision",),
+    ("--load-format",), ("--download-dir",), ("--hf-overrides",), ("--enable-lora",), ("--max-loras",),
+    ("--max-lora-rank",), ("--lora-modules",), ("--speculative-config", "-sc"), ("--kv-transfer-config",),
+    ("--limit-mm-per-prompt",), ("--headless",),
 )  # fmt: skip
+
+
+def _bounded(
+    kind: type[int] | type[float], low: float, high: float | None = None, *, above: bool = False
+) -> Callable[[str], int | float]:
+    """An argparse `type` that parses `kind` and refuses values outside [low, high] (or <= low with `above`).
+
+    Every numeric flag goes through one of these, so `--port 99999` or `--shutdown-timeout -1` is an
+    argparse error with the allowed range instead of a surprise at run time. Floats must be finite.
+    """
+    if above:
+        wanted = f"> {low:g}"
+    elif high is None:
+        wanted = f">= {low:g}"
+    else:
+        wanted = f"in {low:g}-{high:g}"
+    noun = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        ok = math.isfinite(value) and (value > low if above else value >= low) and (high is None or value <= high)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {noun} {wanted}")
+        return value
+
+    return parse
+
+
+port = _bounded(int, 0, 65535)
+positive_int = _bounded(int, 1)
+non_negative_int = _bounded(int, 0)
+positive_seconds = _bounded(float, 0, above=True)
+non_negative_seconds = _bounded(float, 0)
 
 
 def _free_port() -> int:
@@ -38,77 +86,150 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the OpenAI-compatible server",
         description="Serve MODEL (a local model or tokenizer directory, or the bundled "
-        f"{BUNDLED_TOKENIZER_NAME!r}) against external vLLM engines, or against the bundled mock engine.",
+        f"{BUNDLED_TOKENIZER_NAME!r}) against external vLLM engines (started with `vllm serve MODEL --headless`), "
+        "or against the bundled mock engine. Engine-side flags (-tp, --dtype, --gpu-memory-utilization, ...) "
+        "belong to `vllm serve --headless` and are refused here.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    serve.set_defaults(serve_parser=serve)
     serve.add_argument("model", nargs="?", default=BUNDLED_TOKENIZER_NAME, help="model or tokenizer directory")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", action="append", default=[], help="required bearer key (repeatable)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=port, default=8000, help="HTTP port (0: a free port, shown in the banner)")
+    serve.add_argument("--uds", default=None, help="serve on this unix socket instead of --host/--port")
+    serve.add_argument(
+        "--api-key", action="append", default=[], help="required bearer key (repeatable; default: $VLLM_API_KEY if set)"
+    )
     serve.add_argument("--served-model-name", nargs="+", default=[], help="model names the API answers to")
     serve.add_argument("--tokenizer", default=None, help="tokenizer directory, if not MODEL")
     serve.add_argument("--chat-template", default=None, help="chat template file or inline Jinja")
-    serve.add_argument("--trust-request-chat-template", action="store_true",
-                       help="allow requests to pass their own chat_template")  # fmt: skip
-    serve.add_argument("--max-model-len", type=int, default=None, help="cap below the engines' max_model_len")
-    serve.add_argument("--data-parallel-address", default="127.0.0.1", help="address the engines connect to")
+    serve.add_argument(
+        "--trust-request-chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="allow requests to pass their own chat_template",
+    )
+    serve.add_argument("--max-model-len", type=positive_int, default=None, help="cap below the engines' max_model_len")
+    serve.add_argument("--data-parallel-address", "-dpa", default="127.0.0.1", help="address the engines connect to")
     serve.add_argument(
         "--data-parallel-rpc-port",
-        type=int,
+        "-dpp",
+        type=_bounded(int, 1, 65535),
         default=None,
         help="handshake port the engines connect to (default 62100; a free port with --mock-engine)",
     )
-    serve.add_argument("--data-parallel-size", type=int, default=1, help="number of engines (DP ranks)")
-    serve.add_argument("--uvicorn-log-level", default="info",
-                       choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
+    serve.add_argument("--data-parallel-size", "-dp", type=positive_int, default=1, help="number of engines (DP ranks)")
+    serve.add_argument(
+        "--data-parallel-size-local",
+        "-dpl",
+        type=non_negative_int,
+        default=0,
+        help="engines this command starts: only 0 (pyfront never starts engines)",
+    )
+    serve.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level",
+    )
     serve.add_argument("--allowed-origins", nargs="+", default=[], help="CORS origins (CORS is off without this)")
-    serve.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024)
-    serve.add_argument("--engine-startup-timeout", type=float, default=600.0)
+    serve.add_argument(
+        "--max-request-body-bytes", type=positive_int, default=32 * 1024 * 1024, help="larger request bodies get 413"
+    )
+    serve.add_argument(
+        "--engine-startup-timeout",
+        type=positive_seconds,
+        default=600.0,
+        help="seconds to wait for every engine's handshake",
+    )
     serve.add_argument(
         "--engine-stall-timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         help="an engine silent this long (and not answering pings) is taken out of service",
     )
     serve.add_argument(
-        "--disable-uvicorn-access-log", action="store_true", help="no access-log line per request (saves CPU)"
+        "--disable-uvicorn-access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="no access-log line per request (saves CPU)",
+    )
+    serve.add_argument(
+        "--enable-log-requests",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="log one line per admitted completion request (id, route, prompt tokens, parameters)",
+    )
+    serve.add_argument(
+        "--enable-request-id-headers",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="add an X-Request-Id header to every response (the request's own, or a new one)",
+    )
+    serve.add_argument(
+        "--enable-prompt-tokens-details",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="usage.prompt_tokens_details.cached_tokens in responses",
+    )
+    serve.add_argument(
+        "--disable-fastapi-docs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="no /docs, /redoc or /openapi.json",
+    )
+    serve.add_argument(
+        "--root-path", default="", help="path prefix of a proxy in front of the server (FastAPI root_path)"
+    )
+    serve.add_argument("--ssl-keyfile", default=None, help="TLS private key file (with --ssl-certfile)")
+    serve.add_argument("--ssl-certfile", default=None, help="TLS certificate file: serve HTTPS")
+    serve.add_argument(
+        "--ssl-ca-certs", default=None, help="CA certificates that client certificates are checked against"
+    )
+    serve.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=int(ssl.CERT_NONE),
+        choices=[int(r) for r in ssl.VerifyMode],
+        help="client certificates: 0 not asked, 1 optional, 2 required (Python's ssl.CERT_*)",
     )
     serve.add_argument("--tool-call-parser", default=None, help="tool call parser (known: hermes)")
-    serve.add_argument("--enable-auto-tool-choice", action="store_true", help="parse tool calls for tool_choice auto")
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="parse tool calls for tool_choice auto",
+    )
     serve.add_argument("--reasoning-parser", default=None, help="reasoning parser (known: qwen3)")
     serve.add_argument(
         "--api-server-count",
-        type=int,
+        "-asc",
+        type=positive_int,
         default=1,
         help="API server processes sharing the port, each its own engine client (needs an explicit --port)",
     )
     serve.add_argument(
         "--max-num-seqs-in-flight",
-        type=int,
+        type=non_negative_int,
         default=4096,
         help="engine requests admitted at once; beyond it 503 + Retry-After (0: no limit)",
     )
     serve.add_argument(
         "--request-timeout",
-        type=float,
+        type=non_negative_seconds,
         default=0.0,
         help="seconds before a request is aborted with 504 (0: none; X-Request-Timeout asks less)",
     )
     serve.add_argument(
         "--sse-keep-alive-interval",
-        type=float,
+        type=non_negative_seconds,
         default=15.0,
         help="seconds of stream silence before an SSE keep-alive comment (0: off)",
     )
     serve.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=non_negative_seconds,
         default=30.0,
-        help="on SIGTERM, seconds for in-flight requests to finish before they are aborted",
-    )
-    serve.add_argument(
-        "--enable-prompt-tokens-details",
-        action="store_true",
-        help="report usage.prompt_tokens_details.cached_tokens (the engine's prefix-cache hits), as vLLM does",
+        help="on SIGTERM/Ctrl-C, seconds for in-flight requests to finish before they are cut",
     )
     serve.add_argument("--metrics-require-api-key", action="store_true", help="guard /metrics with --api-key too")
     serve.add_argument("--mock-engine", action="store_true", help="start the bundled mock engine (no GPU needed)")
@@ -117,12 +238,45 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="extra flags for the mock engine, e.g. '--step-interval 0.01 --advertise-feh'",
     )
-    for flag in ENGINE_SIDE_FLAGS:
-        serve.add_argument(flag, dest=f"_engine_{flag}", nargs="?", const=True, default=None, help=argparse.SUPPRESS)
+    for flags in ENGINE_SIDE_FLAGS:
+        serve.add_argument(
+            *flags, dest=_engine_dest(flags), nargs="?", const=True, default=None, help=argparse.SUPPRESS
+        )
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
+def _engine_dest(flags: tuple[str, ...]) -> str:
+    return "_engine" + flags[0].replace("-", "_")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; an unknown flag is reported with the `serve` usage and the nearest known flag."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        serve: argparse.ArgumentParser = args.serve_parser
+        known = [o for a in serve._actions if a.help is not argparse.SUPPRESS for o in a.option_strings]
+        hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u.split("=")[0], known, 1)) else u
+                 for u in unknown]  # fmt: skip
+        serve.error(f"unrecognized arguments: {' '.join(hints)}")
+    return args
+
+
+def _origins(values: list[str]) -> list[str]:
+    """--allowed-origins as pyfront takes it (one or more origins) or as `vllm serve` does (one JSON list)."""
+    if len(values) == 1 and values[0].lstrip().startswith("["):
+        try:
+            origins = json.loads(values[0])
+        except ValueError:
+            origins = None
+        if not (isinstance(origins, list) and all(isinstance(o, str) for o in origins)):
+            raise SystemExit(f"pyfront: --allowed-origins {values[0]}: not a JSON list of strings")
+        return origins
+    return values
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
+    """The settings the flags ask for, or a one-line `SystemExit("pyfront: ...")` saying what to pass instead."""
     from pyfront.server.parsers import get_reasoning_parser, get_tool_parser
 
     try:
@@ -134,12 +288,26 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit(f"pyfront: {exc}") from None
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("pyfront: --enable-auto-tool-choice needs --tool-call-parser")
-    engine_flags = [f for f in ENGINE_SIDE_FLAGS if getattr(args, f"_engine_{f}") is not None]
+    engine_flags = ["/".join(flags) for flags in ENGINE_SIDE_FLAGS if getattr(args, _engine_dest(flags)) is not None]
     if engine_flags:
         raise SystemExit(
             f"pyfront: {', '.join(engine_flags)} configure(s) the engine, not the front end: pass them to "
-            "`vllm serve --headless` on the engine side"
+            "`vllm serve MODEL --headless ...`, which starts the engines that pyfront connects to"
         )
+    if args.data_parallel_size_local != 0:
+        raise SystemExit(
+            f"pyfront: --data-parallel-size-local {args.data_parallel_size_local}: pyfront never starts engines "
+            "(only 0, external engines, is accepted); start them with `vllm serve MODEL --headless "
+            "--data-parallel-size-local N ...`"
+        )
+    if (args.ssl_keyfile or args.ssl_ca_certs or args.ssl_cert_reqs) and not args.ssl_certfile:
+        raise SystemExit("pyfront: --ssl-keyfile, --ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile")
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile),
+                       ("--ssl-ca-certs", args.ssl_ca_certs)):  # fmt: skip
+        if path and not os.path.isfile(path):
+            raise SystemExit(f"pyfront: {flag} {path}: no such file")
+    if args.uds and args.api_server_count > 1:
+        raise SystemExit("pyfront: --uds serves one API server process: drop --api-server-count")
     rpc_port = args.data_parallel_rpc_port
     if rpc_port is None:
         rpc_port = _free_port() if args.mock_engine else 62100
@@ -158,9 +326,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_model_len=args.max_model_len,
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        api_key=resolve_api_keys(args.api_key, environ),
         metrics_require_api_key=args.metrics_require_api_key,
-        allowed_origins=args.allowed_origins,
+        allowed_origins=_origins(args.allowed_origins),
         max_request_body_bytes=args.max_request_body_bytes,
         uvicorn_log_level=args.uvicorn_log_level,
         data_parallel_address=args.data_parallel_address,
@@ -177,18 +345,30 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,
-        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         mock_engine=args.mock_engine,
         mock_engine_args=mock_args,
+        enable_log_requests=args.enable_log_requests,
+        enable_request_id_headers=args.enable_request_id_headers,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        disable_fastapi_docs=args.disable_fastapi_docs,
+        root_path=args.root_path,
+        uds=args.uds,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command == "serve":
         from pyfront.server.launcher import serve
 
-        serve(config_from_args(args))
+        config = config_from_args(args)
+        if problem := tokenizer_problem(config.tokenizer_name):
+            raise SystemExit(f"pyfront: {problem}")
+        serve(config)
     return 0
 
 

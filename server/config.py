@@ -3,12 +3,62 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
-from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, is_bundled_tokenizer_name
 
 ENV_PREFIX = "PYFRONT_"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""A tokenizer directory needs one of these (transformers' AutoTokenizer reads them)."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def resolve_api_keys(given: Sequence[str], environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The bearer keys the server requires: `--api-key` / PYFRONT_API_KEY, else VLLM_API_KEY.
+
+    The one place both start-up paths (`pyfront serve` and the uvicorn factory) decide the keys. As in
+    `vllm serve`, whose `--api-key` defaults to VLLM_API_KEY, keys given explicitly replace the variable
+    rather than adding to it; empty keys are dropped (an empty key would let an empty bearer token in).
+    """
+    keys = [key for key in given if key]
+    if not keys and environ.get("VLLM_API_KEY"):
+        keys = [environ["VLLM_API_KEY"]]
+    return keys
+
+
+def tokenizer_problem(name: str) -> str | None:
+    """Why `name` cannot be loaded as a tokenizer offline, in one line with what to pass instead; None if it can.
+
+    Checked before anything starts, so a wrong MODEL costs one clear line rather than a transformers
+    traceback after the server has announced itself.
+    """
+    if is_bundled_tokenizer_name(name):
+        return None
+    instead = (
+        f"pass a local directory with {' or '.join(TOKENIZER_FILES)} (MODEL, or --tokenizer DIR), "
+        f"or the bundled {BUNDLED_TOKENIZER_NAME!r}"
+    )
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if any((path / f).is_file() for f in TOKENIZER_FILES):
+            return None
+        return f"{name} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): {instead}"
+    if path.exists():
+        return f"{name} is a file, not a model or tokenizer directory: {instead}"
+    if _HUB_ID.fullmatch(name):
+        from huggingface_hub import try_to_load_from_cache
+
+        if any(isinstance(try_to_load_from_cache(name, f), str) for f in TOKENIZER_FILES):
+            return None  # already in the local Hugging Face cache: transformers loads it offline
+        return (
+            f"{name} is not a local directory, and pyfront does not download from the Hugging Face hub: "
+            f"download it where the hub is reachable (e.g. `hf download {name} --local-dir DIR`) and pass DIR, "
+            f"or pass the bundled {BUNDLED_TOKENIZER_NAME!r}"
+        )
+    return f"no such directory: {name}: {instead}"
 
 
 @dataclass(slots=True)
@@ -22,6 +72,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: list[str] = field(default_factory=list)
+    """Bearer keys; decided by `resolve_api_keys` on both start-up paths."""
     metrics_require_api_key: bool = False
     allowed_origins: list[str] = field(default_factory=list)
     max_request_body_bytes: int = 32 * 1024 * 1024
@@ -53,6 +104,20 @@ class ServerConfig:
     mock_engine: bool = False
     mock_engine_args: list[str] = field(default_factory=list)
     enable_log_requests: bool = False
+    """One log line per admitted completion request (id, route, prompt tokens, parameters)."""
+    enable_request_id_headers: bool = False
+    """An X-Request-Id header on every response (vLLM's flag of the same name; off: none)."""
+    disable_fastapi_docs: bool = False
+    """No /docs, /redoc, /openapi.json."""
+    root_path: str = ""
+    """FastAPI root_path, for a server behind a path-prefix proxy."""
+    uds: str | None = None
+    """Serve HTTP on this unix socket instead of host:port."""
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
+    """ssl.CERT_NONE (0), CERT_OPTIONAL (1) or CERT_REQUIRED (2): whether clients must show a certificate."""
     enable_prompt_tokens_details: bool = False
     """usage.prompt_tokens_details.cached_tokens from the engine's num_cached_tokens (vLLM's flag of the same name)."""
 
@@ -85,6 +150,5 @@ class ServerConfig:
             else:
                 value = raw
             setattr(config, f.name, value)
-        if config.api_key == [] and environ.get("VLLM_API_KEY"):
-            config.api_key = [environ["VLLM_API_KEY"]]
+        config.api_key = resolve_api_keys(config.api_key, environ)
         return config

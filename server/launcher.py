@@ -13,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import multiprocessing
 import os
+import shlex
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from types import FrameType
 
 import zmq
 import zmq.asyncio
@@ -32,15 +36,29 @@ from pyfront.server.config import ServerConfig
 logger = logging.getLogger("pyfront.launcher")
 
 
+FORCED_EXIT = "pyfront: forced exit (second Ctrl-C)"
+"""The message of the cancel that a second Ctrl-C sends to the requests still running (see app.py)."""
+
+
 def _graceful_server_class():  # uvicorn is imported lazily: `pyfront --help` stays fast
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
-        """uvicorn, except that SIGTERM/SIGINT end in exit code 0 after the drain.
+        """uvicorn, plus what an operator at a terminal expects of start-up and shutdown.
 
-        uvicorn re-raises the signal once it has shut down, so the process would die "killed by
-        SIGTERM"; a drained, clean shutdown is a success for process supervisors.
+        - The banner (a curl line that works) is printed once the server really listens, never before a
+          failure.
+        - The first SIGINT/SIGTERM says that it drains, how many requests and for how long; a second
+          Ctrl-C forces the exit: the requests still running are cut (their streams end with an error
+          event) and the engines are still told to abort them and the mock engine is still stopped.
+        - SIGTERM/SIGINT end in exit code 0 after the drain. uvicorn re-raises the signal once it has shut
+          down, so the process would die "killed by SIGTERM"; a drained, clean shutdown is a success for
+          process supervisors.
         """
+
+        def __init__(self, config: uvicorn.Config, server_config: ServerConfig) -> None:
+            super().__init__(config)
+            self.server_config = server_config
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -51,48 +69,108 @@ def _graceful_server_class():  # uvicorn is imported lazily: `pyfront --help` st
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                if not self.force_exit:
+                    _say(FORCED_EXIT)
+            elif not self.should_exit:
+                running = len(self.server_state.tasks)
+                timeout = self.config.timeout_graceful_shutdown
+                again = "; Ctrl-C again to force exit" if sig == signal.SIGINT else ""
+                _say(f"pyfront: shutting down: draining {running} in-flight request(s) for up to {timeout} s{again}")
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit and self.server_config.client_index == 0:
+                bound = self.servers[0].sockets[0].getsockname() if self.servers else None
+                port = bound[1] if isinstance(bound, tuple) else self.server_config.port
+                print(banner(self.server_config, port), flush=True)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit:  # uvicorn skips both steps below when forced: cut the requests, still clean up
+                tasks = list(self.server_state.tasks)
+                for task in tasks:
+                    task.cancel(msg=FORCED_EXIT)
+                if tasks:
+                    await asyncio.wait(tasks, timeout=2)
+                if not getattr(self.lifespan, "shutdown_event", asyncio.Event()).is_set():
+                    await self.lifespan.shutdown()
+
     return GracefulServer
+
+
+def _say(line: str) -> None:
+    """One line for the operator on stderr (from a signal handler: no logging locks)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
 
 
-def print_banner(config: ServerConfig) -> None:
+def banner(config: ServerConfig, port: int) -> str:
+    """Where the server listens and a curl line that works when pasted into a POSIX shell.
+
+    The key is referenced as "$KEY" in double quotes, so the shell expands it (single quotes would
+    send the literal text $KEY); the JSON body is quoted with shlex, whatever the model name holds.
+    """
     name = config.model_names[0]
-    print(
-        f"pyfront: serving {name!r} on http://{config.host}:{config.port}; try:\n"
-        f"  curl http://{config.host}:{config.port}/v1/chat/completions -H 'Content-Type: application/json' "
-        + ("-H 'Authorization: Bearer $KEY' " if config.api_key else "")
-        + f'-d \'{{"model": "{name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
-        flush=True,
+    body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}]})
+    if config.uds:
+        where, target = f"unix socket {config.uds}", f"--unix-socket {shlex.quote(config.uds)} http://localhost"
+    else:
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(config.host, config.host)
+        scheme = "https" if config.ssl_certfile else "http"
+        base = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+        where, target = base, base
+    auth = ' -H "Authorization: Bearer $KEY"' if config.api_key else ""
+    return (
+        f"pyfront: serving {name!r} on {where}; try{' (with KEY set to your API key)' if auth else ''}:\n"
+        f"  curl {target}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}"
     )
 
 
 def run_server(config: ServerConfig, sock: socket.socket | None = None) -> None:
-    """One API server process: build the app and serve until SIGTERM/SIGINT."""
+    """One API server process: build the app and serve until SIGTERM/SIGINT.
+
+    Everything that can fail on a user's input (the tokenizer, the TLS files) fails here, before the
+    server listens, as one line.
+    """
     import uvicorn
 
     from pyfront.server.app import create_app
 
-    server = _graceful_server_class()(
-        uvicorn.Config(
-            create_app(config),
-            host=config.host,
-            port=config.port,
-            log_level=config.uvicorn_log_level,
-            access_log=not config.disable_uvicorn_access_log,
-            loop="uvloop",
-            http="httptools",
-            timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
-        )
+    try:
+        app = create_app(config)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise SystemExit(f"pyfront: {exc}") from None
+    uvicorn_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        uds=config.uds,
+        ssl_keyfile=config.ssl_keyfile,
+        ssl_certfile=config.ssl_certfile,
+        ssl_ca_certs=config.ssl_ca_certs,
+        ssl_cert_reqs=config.ssl_cert_reqs,
+        log_level=config.uvicorn_log_level,
+        access_log=not config.disable_uvicorn_access_log,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
     )
+    try:
+        uvicorn_config.load()
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"pyfront: cannot load the TLS key/certificate: {exc}") from None
+    server = _graceful_server_class()(uvicorn_config, config)
     server.run(sockets=[sock] if sock is not None else None)
 
 
 def serve(config: ServerConfig) -> None:
     _configure_logging()
-    print_banner(config)
     if config.api_server_count <= 1:
         run_server(config)
     else:

@@ -828,6 +828,8 @@ async def stream_frames(
             if not outputs:
                 yield KEEPALIVE_FRAME
                 continue
+            if choice.done:
+                continue  # with n > 1 a choice's pump reads ahead: what it queued after the end is dropped
             if len(outputs) == 1:
                 yield frames.output(choice, outputs[0])
                 continue

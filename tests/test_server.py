@@ -421,6 +421,7 @@ def test_request_id_header_round_trips(harness: Harness) -> None:
         )
     assert response.status_code == 200
     assert response.json()["id"] == "chatcmpl-my-id-123"
+    assert "x-request-id" not in response.headers  # only with --enable-request-id-headers, as in vLLM
     assert json.loads(response.text)["choices"][0]["finish_reason"] == "length"
 
 
