@@ -292,7 +292,12 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         config = ServerConfig.from_env()
         if problem := tokenizer_problem(config.tokenizer_name):
             raise SystemExit(f"pyfront: {problem} (PYFRONT_MODEL / PYFRONT_TOKENIZER)")
-    tokenizer = Tokenizer(config.tokenizer_name, chat_template=config.chat_template)
+    tokenizer = Tokenizer(
+        config.tokenizer_name,
+        chat_template=config.chat_template,
+        model_dir=config.model if config.tokenizer else None,
+        generation_config=config.generation_config,
+    )
     state = ServingState(
         tokenizer=tokenizer,
         metrics=None,  # type: ignore[arg-type]  # set below: needs the engine's memo lazily

@@ -16,6 +16,7 @@ import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
+from pathlib import Path
 
 from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.config import ServerConfig, resolve_api_keys, tokenizer_problem
@@ -78,6 +79,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def generation_config_source(value: str) -> str:
+    """`--generation-config`: auto, vllm, or a directory with a generation_config.json (checked now, not at start)."""
+    if value in ("auto", "vllm"):
+        return value
+    if not (Path(value) / "generation_config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{value!r} is neither auto, vllm nor a directory with generation_config.json")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyfront", description="OpenAI-compatible front end for vLLM engines")
     parser.add_argument("--version", action="version", version=f"pyfront {version('pyfront')}")
@@ -102,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", nargs="+", default=[], help="model names the API answers to")
     serve.add_argument("--tokenizer", default=None, help="tokenizer directory, if not MODEL")
     serve.add_argument("--chat-template", default=None, help="chat template file or inline Jinja")
+    serve.add_argument(
+        "--generation-config",
+        type=generation_config_source,
+        default="auto",
+        help="request defaults: 'auto' (the model's generation_config.json), 'vllm' (none), or a directory "
+        "holding a generation_config.json",
+    )
     serve.add_argument(
         "--trust-request-chat-template",
         action=argparse.BooleanOptionalAction,
@@ -322,6 +339,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         served_model_name=args.served_model_name,
         tokenizer=args.tokenizer,
         chat_template=args.chat_template,
+        generation_config=args.generation_config,
         trust_request_chat_template=args.trust_request_chat_template,
         max_model_len=args.max_model_len,
         host=args.host,

@@ -67,6 +67,8 @@ class ServerConfig:
     served_model_name: list[str] = field(default_factory=list)
     tokenizer: str | None = None
     chat_template: str | None = None
+    generation_config: str = "auto"
+    """Request defaults: "auto" (the model's generation_config.json), "vllm" (none), or a directory with one."""
     trust_request_chat_template: bool = False
     max_model_len: int | None = None
     host: str = "127.0.0.1"

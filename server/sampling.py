@@ -106,8 +106,9 @@ def generation_defaults_from_config(generation_config: Mapping[str, Any]) -> dic
     """vLLM's ``ModelConfig.get_diff_sampling_param`` for ``--generation-config auto``.
 
     The non-null sampling keys of the model's ``generation_config.json`` (plus overrides the caller
-    merged in), with ``max_new_tokens`` renamed to ``max_tokens``. Pass the result (or the raw
-    generation config: :func:`build_sampling_params` reads both spellings) as ``generation_defaults``.
+    merged in), with ``max_new_tokens`` renamed to ``max_tokens``: the one list of those keys (the
+    server's :class:`~pyfront.server.tokenizer.Tokenizer` builds its defaults with it). Pass the result as
+    :func:`build_sampling_params`' ``generation_defaults``.
     """
     out = {key: generation_config[key] for key in GENERATION_CONFIG_KEYS if generation_config.get(key) is not None}
     if "max_new_tokens" in out:
@@ -177,8 +178,6 @@ def build_sampling_params(
             "messages" if is_chat else "prompt",
         )
     fallback = requested if requested is not None else generation_defaults.get("max_tokens")
-    if fallback is None:
-        fallback = generation_defaults.get("max_new_tokens")
     max_tokens = max_model_len - input_len if fallback is None else min(max_model_len - input_len, fallback)
     if not is_chat and request.echo and request.max_tokens == 0:
         max_tokens = 1  # echo without generation: vLLM asks the engine for one token and drops it

@@ -47,6 +47,7 @@ from pyfront.server.openai_types import (
     CompletionRequest,
     RequestValidationError,
     message_text,
+    tool_dicts,
 )
 from pyfront.server.parsers import OutputParser
 from pyfront.server.parsers.tool_choice import hermes_structural_tag
@@ -541,7 +542,7 @@ async def render_chat(
         # Everything proportional to the history runs here, on a worker thread.
         text, ids = state.tokenizer.tokenize_chat(
             _message_dicts(request),
-            tools=msgspec.to_builtins(request.tools) if request.tools else None,
+            tools=tool_dicts(request.tools) if request.tools else None,
             documents=msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
@@ -594,8 +595,7 @@ def plan_output_parsing(state: ServingState, request: ChatCompletionRequest, pro
             )
         tools = state.tool_parser()
         plan.named_tool = not isinstance(choice, str)
-        tool_dicts = msgspec.to_builtins(request.tools)
-        tag = hermes_structural_tag(tool_dicts, msgspec.to_builtins(choice), request.parallel_tool_calls)
+        tag = hermes_structural_tag(tool_dicts(request.tools), msgspec.to_builtins(choice), request.parallel_tool_calls)
         if tag is not None:
             plan.structural_tag = json.dumps(tag)
             plan.forced = choice == "required" or plan.named_tool

@@ -16,19 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from pyfront.server.bundled_tokenizer import resolve_tokenizer_name
+from pyfront.server.sampling import generation_defaults_from_config
 from pyfront.server.segment_cache import SegmentTokenizer
 
 logger = logging.getLogger(__name__)
-
-# Keys of generation_config.json that become request defaults, and their SamplingParams names.
-_GENERATION_DEFAULTS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "max_new_tokens": "max_tokens",
-}
 
 
 class TokenizerError(ValueError):
@@ -150,7 +141,16 @@ def _load_json(path: Path) -> dict[str, Any]:
 class Tokenizer:
     """A Hugging Face tokenizer loaded offline, plus what the server needs to know about the model."""
 
-    def __init__(self, name_or_path: str, *, chat_template: str | None = None, model_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        name_or_path: str,
+        *,
+        chat_template: str | None = None,
+        model_dir: str | None = None,
+        generation_config: str = "auto",
+    ) -> None:
+        """``generation_config``: where request defaults come from, as vLLM's ``--generation-config``: ``auto``
+        (the model directory's generation_config.json), ``vllm`` (none), or a directory holding one."""
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from transformers import AutoTokenizer  # slow import: only at start-up
 
@@ -174,9 +174,14 @@ class Tokenizer:
         if self.eos_token_id is None and eos_ids:
             self.eos_token_id = eos_ids[0]
         self.extra_eos_token_ids = [t for t in eos_ids if t != self.eos_token_id]
-        self.generation_defaults = {
-            ours: generation[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if theirs in generation
-        }
+        if generation_config == "vllm":
+            source: dict[str, Any] = {}
+        elif generation_config == "auto":
+            source = generation
+        else:
+            source = _load_json(Path(generation_config) / "generation_config.json")
+        self.generation_defaults = generation_defaults_from_config(source)
+        """Request defaults (vLLM's ``get_diff_sampling_param``); the model's EOS ids come from its own file."""
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
         self._fast_chat: _FastChatRender | None = None
         self.fast_chat_reason: str | None = None

@@ -515,3 +515,16 @@ def test_factory_with_a_bad_model_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run([*FACTORY, "--port", str(free_port())], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode != 0
     assert "pyfront: no such directory: /no/such/dir" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generation_config_flag(tmp_path, capsys) -> None:
+    """vLLM's --generation-config: auto (default), vllm, or a directory holding generation_config.json."""
+    assert config_from_args(parse_args(["serve"])).generation_config == "auto"
+    assert config_from_args(parse_args(["serve", "--generation-config", "vllm"])).generation_config == "vllm"
+    (tmp_path / "generation_config.json").write_text("{}")
+    assert config_from_args(parse_args(["serve", "--generation-config", str(tmp_path)])).generation_config == str(
+        tmp_path
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--generation-config", str(tmp_path / "missing")])
+    assert "neither auto, vllm nor a directory" in capsys.readouterr().err

@@ -1231,3 +1231,32 @@ def test_echo_prompt_logprobs_and_usage_match_vllm_frontend(tiny_model: Path, vl
             mismatched.append(name)
             print(f"{name}\n  vllm:    {json.dumps(theirs)[:1500]}\n  pyfront: {json.dumps(ours)[:1500]}")
     assert not mismatched, f"answers differ from vLLM's front end in {mismatched}; all answers in {tmp_path}"
+
+
+@pytest.mark.real_engine
+def test_chat_rendering_matches_vllm_frontend(tiny_model: Path, vllm_venv: Path, tmp_path: Path) -> None:
+    """vLLM 0.32's own front end and pyfront tokenize the chat cases of tests/data/chat_render_cases.json
+    (tools, tool round trips, nulls, names, content parts, reasoning) to the same ids, and those are the ids
+    pinned in tests/data/vllm_chat_render_tokens.json that the default suite checks pyfront against."""
+    cases = json.loads((REPO_ROOT / "tests/data/chat_render_cases.json").read_text())
+    pinned = json.loads((REPO_ROOT / "tests/data/vllm_chat_render_tokens.json").read_text())
+    rpc_vllm, http_vllm, rpc_pyfront, http_pyfront = _ports(4)
+    got: dict[str, dict[str, list[int]]] = {"vllm": {}, "pyfront": {}}
+    with managed_processes() as procs:
+        frontend = procs.add(
+            real_engine.start_vllm_frontend(tiny_model, rpc_vllm, http_vllm, tmp_path / "vllm-fe.log", venv=vllm_venv)
+        )
+        vllm_mock = procs.add(_start_mock_engine(rpc_vllm, tmp_path / "vllm-mock.log"))
+        pyfront = procs.add(_start_pyfront_server(tiny_model, http_pyfront, rpc_pyfront, tmp_path / "pf.log"))
+        pyfront_mock = procs.add(_start_mock_engine(rpc_pyfront, tmp_path / "pyfront-mock.log"))
+        real_engine.wait_healthy(pyfront, timeout=STARTUP_TIMEOUT_S, also_alive=[pyfront_mock])
+        real_engine.wait_healthy(frontend, timeout=STARTUP_TIMEOUT_S, also_alive=[vllm_mock])
+        for side, server in (("vllm", frontend), ("pyfront", pyfront)):
+            model = _model_id(server.url)
+            for name, case in cases.items():
+                body = {"model": model, **{k: v for k, v in case.items() if k != "tool_choice"}}
+                r = httpx.post(f"{server.url}/tokenize", json=body, timeout=REQUEST_TIMEOUT_S)
+                assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.text}"
+                got[side][name] = r.json()["tokens"]
+    assert got["vllm"] == pinned, "vLLM's rendering changed: re-record tests/data/vllm_chat_render_tokens.json"
+    assert got["pyfront"] == got["vllm"]

@@ -1012,15 +1012,49 @@ def test_request_values_override_generation_defaults() -> None:
     assert (m["temperature"], m["top_k"], m["top_p"], m["min_p"], m["repetition_penalty"]) == (0.6, 20, 0.95, 0.05, 1.1)
 
 
-def test_raw_generation_config_spelling_is_accepted() -> None:
+def test_generation_defaults_max_tokens() -> None:
     req = request("chat", {})
     kwargs: dict[str, Any] = dict(
         prompt_len=10, max_model_len=512, eos_token_id=2, extra_eos_token_ids=[2], vocab_size=100,
         streaming=False, tokenize=None,
     )  # fmt: skip
-    a = build_sampling_params(req, generation_defaults={"max_new_tokens": 7, "temperature": 0.5}, **kwargs)
-    b = build_sampling_params(req, generation_defaults={"max_tokens": 7, "temperature": 0.5}, **kwargs)
-    assert a.max_tokens == b.max_tokens == 7 and a.temperature == 0.5
+    defaults = generation_defaults_from_config({"max_new_tokens": 7, "temperature": 0.5})
+    params = build_sampling_params(req, generation_defaults=defaults, **kwargs)
+    assert params.max_tokens == 7 and params.temperature == 0.5
+
+
+# vLLM 0.32 ModelConfig.get_diff_sampling_param's `available_params` (vllm/config/model.py), in its order.
+VLLM_GENERATION_CONFIG_KEYS = (
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p", "min_p",
+    "max_new_tokens",
+)  # fmt: skip
+
+
+def test_server_applies_every_generation_config_key_vllm_applies(tmp_path) -> None:
+    """The server's defaults come from the one list, and it is vLLM's: presence and frequency penalties too
+    (an earlier copy in the tokenizer applied 6 of the 8 keys)."""
+    import json
+    import shutil
+
+    from pyfront.server.bundled_tokenizer import resolve_tokenizer_name
+    from pyfront.server.sampling import GENERATION_CONFIG_KEYS
+    from pyfront.server.tokenizer import Tokenizer
+
+    assert GENERATION_CONFIG_KEYS == VLLM_GENERATION_CONFIG_KEYS
+    model = tmp_path / "model"
+    shutil.copytree(resolve_tokenizer_name("pyfront/qwen3-tokenizer"), model)
+    values = {"repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": 0.25, "temperature": 0.6,
+              "top_k": 20, "top_p": 0.95, "min_p": 0.01, "max_new_tokens": 99, "do_sample": True}  # fmt: skip
+    (model / "generation_config.json").write_text(json.dumps(values))
+    expected = {k: v for k, v in values.items() if k in VLLM_GENERATION_CONFIG_KEYS and k != "max_new_tokens"}
+    assert Tokenizer(str(model)).generation_defaults == {**expected, "max_tokens": 99}
+    assert Tokenizer(str(model), generation_config="vllm").generation_defaults == {}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"temperature": 0.1}))
+    assert Tokenizer(str(model), generation_config=str(other)).generation_defaults == {"temperature": 0.1}
+    m = wire_map(build("chat", {}, gen=Tokenizer(str(model)).generation_defaults))
+    assert (m["presence_penalty"], m["frequency_penalty"]) == (0.5, 0.25)
 
 
 def test_default_float_keys_are_always_on_the_wire() -> None:
