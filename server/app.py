@@ -34,10 +34,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pyfront.engine_client.client import EngineClient, EngineClientConfig, EngineError
 from pyfront.server import openai_types, serving
 from pyfront.server.config import ServerConfig, tokenizer_problem
-from pyfront.server.errors import APIError, error_response, sse_error_frame
+from pyfront.server.errors import (
+    APIError,
+    DeadlineExceeded,
+    RequestValidationError,
+    error_response,
+    sse_error_frame,
+    to_api_error,
+)
 from pyfront.server.launcher import FORCED_EXIT
 from pyfront.server.metrics import Metrics
-from pyfront.server.openai_types import RequestValidationError
 from pyfront.server.parsers import get_reasoning_parser, get_tool_parser
 from pyfront.server.serving import CompletionBatch, Generation, ServingState
 from pyfront.server.sse import DONE_FRAME, SSEResponse
@@ -380,9 +386,7 @@ def exception_response(state: ServingState, exc: Exception) -> Response:
     if isinstance(exc, StarletteHTTPException):
         message = "Not Found" if exc.status_code == 404 else str(exc.detail)
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
-    error = serving.engine_error_to_api(exc)
-    if error.status >= 500 and not isinstance(exc, (APIError, serving.DeadlineExceeded, EngineError)):
-        logger.exception("request failed", exc_info=exc)
+    error = to_api_error(exc)  # logs the unexpected ones
     state.metrics.error(error.status)
     return error_response(error.status, error.message, error.param, error.headers)
 
@@ -393,7 +397,7 @@ def _add_error_handlers(app: FastAPI, state: ServingState) -> None:
 
     # Handlers for specific classes run in Starlette's ExceptionMiddleware and answer cleanly; a handler
     # for Exception runs in ServerErrorMiddleware, which re-raises after answering (for real bugs only).
-    for kind in (APIError, RequestValidationError, StarletteHTTPException, serving.DeadlineExceeded, EngineError,
+    for kind in (APIError, RequestValidationError, StarletteHTTPException, DeadlineExceeded, EngineError,
                  ValueError, Exception):  # fmt: skip
         app.add_exception_handler(kind, handle)
 

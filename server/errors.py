@@ -1,11 +1,25 @@
-"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}` with the right status."""
+"""Errors: the closed set a request can end in, its one exception -> status table, and the OpenAI bodies.
+
+Only the client's faults are 4xx: a request that fails validation (:class:`RequestValidationError`, 400,
+raised by parsing, sampling-parameter checks, chat rendering and tool-choice constraints) and an explicit
+:class:`APIError` with its status (404 model, 401 key, 413 body, 503 capacity...). The engine's own faults
+have theirs (503 unavailable, 500 dead, 504 deadline). Anything else is a bug: a 500 with a generic message,
+logged with its traceback where it is mapped (:func:`to_api_error`), so an internal ``ValueError`` can no
+longer pass for the client's mistake.
+"""
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
+from typing import Any
 
 import msgspec
 from starlette.responses import Response
+
+from pyfront.engine_client.client import EngineDeadError, EngineError, EngineUnavailableError
+
+logger = logging.getLogger("pyfront.server")
 
 _TYPES = {
     400: "BadRequestError",
@@ -31,6 +45,46 @@ class APIError(Exception):
         self.message = message
         self.param = param
         self.headers = headers
+
+
+class RequestValidationError(ValueError):
+    """A request the server must answer with HTTP 400; ``param`` names the offending field (or None)."""
+
+    status_code = 400
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI error body, shaped like vLLM's ``ErrorResponse``."""
+        return {"error": {"message": self.message, "type": "BadRequestError", "param": self.param, "code": 400}}
+
+    def __repr__(self) -> str:
+        return f"RequestValidationError({self.message!r}, param={self.param!r})"
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline (--request-timeout or the X-Request-Timeout header) passed."""
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """The one exception -> status table. Unexpected exceptions are logged here, once, with their traceback."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return APIError(400, exc.message, param=exc.param)
+    if isinstance(exc, DeadlineExceeded):
+        return APIError(504, f"request timed out: {exc}")
+    if isinstance(exc, EngineUnavailableError):
+        return APIError(503, str(exc), headers={"Retry-After": "5"})
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, f"EngineCore encountered an issue: {exc}")
+    if isinstance(exc, EngineError):
+        return APIError(500, str(exc))
+    logger.error("request failed with an unexpected %s", type(exc).__name__, exc_info=exc)
+    return APIError(500, f"internal server error ({type(exc).__name__}); the server log has the details")
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:

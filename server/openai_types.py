@@ -30,6 +30,8 @@ from typing import Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
+from pyfront.server.errors import RequestValidationError
+
 __all__ = [
     "INT64_MAX",
     "INT64_MIN",
@@ -83,24 +85,6 @@ MAX_COMPLETION_PROMPTS = 1024
 _MAX_CACHE_SALT_LENGTH = 128
 _CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
 _TEXT_PART_TYPES = frozenset(("text", "input_text", "output_text"))
-
-
-class RequestValidationError(ValueError):
-    """A request the server must answer with HTTP 400; ``param`` names the offending field (or None)."""
-
-    status_code = 400
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-    def to_dict(self) -> dict[str, Any]:
-        """The OpenAI error body, shaped like vLLM's ``ErrorResponse``."""
-        return {"error": {"message": self.message, "type": "BadRequestError", "param": self.param, "code": 400}}
-
-    def __repr__(self) -> str:
-        return f"RequestValidationError({self.message!r}, param={self.param!r})"
 
 
 # --------------------------------------------------------------------------------------

@@ -26,9 +26,6 @@ from starlette.types import Send
 
 from pyfront.engine_client.client import (
     EngineClient,
-    EngineDeadError,
-    EngineError,
-    EngineUnavailableError,
     RequestAbortedError,
     RequestStream,
     release_waiter,
@@ -40,12 +37,11 @@ from pyfront.engine_client.protocol import (
     SamplingParams,
     StructuredOutputsParams,
 )
-from pyfront.server.errors import APIError, sse_error_frame
+from pyfront.server.errors import APIError, DeadlineExceeded, RequestValidationError, sse_error_frame, to_api_error
 from pyfront.server.metrics import Metrics
 from pyfront.server.openai_types import (
     ChatCompletionRequest,
     CompletionRequest,
-    RequestValidationError,
     message_text,
     tool_dicts,
 )
@@ -230,10 +226,6 @@ def usage_body(
     elif nulls:
         body["completion_tokens_details"] = None
     return body
-
-
-class DeadlineExceeded(Exception):
-    """The request's deadline (--request-timeout or the X-Request-Timeout header) passed."""
 
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
@@ -486,24 +478,6 @@ class _Failure:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-def engine_error_to_api(exc: BaseException) -> APIError:
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, DeadlineExceeded):
-        return APIError(504, f"request timed out: {exc}")
-    if isinstance(exc, EngineUnavailableError):
-        return APIError(503, str(exc), headers={"Retry-After": "5"})
-    if isinstance(exc, EngineDeadError):
-        return APIError(500, f"EngineCore encountered an issue: {exc}")
-    if isinstance(exc, EngineError):
-        return APIError(500, str(exc))
-    if isinstance(exc, RequestValidationError):
-        return APIError(400, str(exc), param=getattr(exc, "param", None))
-    if isinstance(exc, ValueError):
-        return APIError(400, str(exc))
-    return APIError(500, f"internal error: {type(exc).__name__}")
 
 
 # ---------------------------------------------------------------------- chat
@@ -847,7 +821,7 @@ async def stream_frames(
         raise
     except BaseException as exc:
         await abort()
-        error = engine_error_to_api(exc)
+        error = to_api_error(exc)
         state.metrics.error(error.status)
         yield sse_error_frame(error.status, error.message) + DONE_FRAME
     finally:
@@ -1353,7 +1327,7 @@ class PushStream:
         except BaseException as exc:
             self._done = True
             await generation.abort()
-            error = engine_error_to_api(exc)
+            error = to_api_error(exc)
             self.state.metrics.error(error.status)
             if self._pending is not None:
                 self._pending[0].close()

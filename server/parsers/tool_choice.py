@@ -23,6 +23,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from pyfront.server.errors import RequestValidationError
 from pyfront.server.parsers.json_stream import ArgumentsReader, CallObjectReader
 from pyfront.server.parsers.tool_calls import ToolCallParser, ToolCallStream, make_tool_call_id
 
@@ -48,7 +49,7 @@ def _function(tool: Any) -> tuple[str, dict[str, Any] | None, bool | None]:
     """(name, parameters, strict) of a function tool."""
     function = _get(tool, "function")
     if function is None:
-        raise ValueError("only function tools are supported")
+        raise RequestValidationError("only function tools are supported")
     parameters = _get(function, "parameters")
     return _get(function, "name"), (dict(parameters) if parameters is not None else None), _get(function, "strict")
 
@@ -62,7 +63,7 @@ def normalize_tool_choice(tool_choice: Any) -> tuple[ToolChoiceKind, str | None]
     function = _get(tool_choice, "function")
     name = _get(function, "name") if function is not None else None
     if not isinstance(name, str):
-        raise ValueError(f"unsupported tool_choice: {tool_choice!r}")
+        raise RequestValidationError(f"unsupported tool_choice: {tool_choice!r}", "tool_choice")
     return "named", name
 
 
@@ -79,7 +80,7 @@ def tool_choice_json_schema(
     none). ``required``: an array (``minItems`` 1, ``maxItems`` 1 when
     ``parallel_tool_calls`` is false) of ``{"name": <enum of one>, "parameters": ...}``
     objects, one ``anyOf`` branch per tool, with the tools' ``$defs`` merged at the top.
-    Raises ValueError for a named function not in ``tools`` or clashing ``$defs``.
+    Raises RequestValidationError (a 400) for a named function not in ``tools`` or clashing ``$defs``.
     """
     kind, name = normalize_tool_choice(tool_choice)
     if kind in ("none", "auto") or tools is None:
@@ -89,7 +90,7 @@ def tool_choice_json_schema(
         for fn_name, params, _strict in functions:
             if fn_name == name:
                 return _params_or_empty_object(copy.deepcopy(params))
-        raise ValueError(f"Tool '{name}' has not been passed in `tools`.")
+        raise RequestValidationError(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
     branches: list[dict[str, Any]] = []
     defs: dict[str, Any] = {}
     for fn_name, params, _strict in functions:
@@ -97,10 +98,12 @@ def tool_choice_json_schema(
         if params is not None and "$defs" in params:
             tool_defs = params.pop("$defs")
             if not isinstance(tool_defs, dict):
-                raise ValueError(f"`$defs` in the parameters of tool '{fn_name}' must be an object.")
+                raise RequestValidationError(f"`$defs` in the parameters of tool '{fn_name}' must be an object.")
             for def_name, def_schema in tool_defs.items():
                 if def_name in defs and defs[def_name] != def_schema:
-                    raise ValueError(f"Tool definition '{def_name}' has multiple schemas, which is not supported.")
+                    raise RequestValidationError(
+                        f"Tool definition '{def_name}' has multiple schemas, which is not supported."
+                    )
                 defs[def_name] = def_schema
         branches.append(
             {
@@ -149,7 +152,7 @@ def hermes_structural_tag(
     if kind == "named":
         functions = [f for f in functions if f[0] == name]
         if not functions:
-            raise ValueError(f"Tool '{name}' has not been passed in `tools`.")
+            raise RequestValidationError(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
     tags: list[dict[str, Any]] = []
     for fn_name, params, strict in functions:
         strict_now = level >= _STRICT_LEVELS["parameter"] or strict is True
