@@ -32,7 +32,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyfront.engine_client.client import EngineClient, EngineClientConfig, EngineError
-from pyfront.server import openai_types, serving
+from pyfront.server import openai_types, openapi_docs, serving
 from pyfront.server.config import ServerConfig, tokenizer_problem
 from pyfront.server.errors import (
     APIError,
@@ -345,14 +345,18 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
             if mock is not None:
                 mock.stop()
 
-    docs: dict[str, Any] = {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    # FastAPI's own /docs and /redoc load their assets from a CDN: openapi_docs serves them locally instead.
     app = PyfrontApp(
         title="pyfront",
         version=PYFRONT_VERSION,
         lifespan=lifespan,
         root_path=config.root_path,
-        **(docs if config.disable_fastapi_docs else {}),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None if config.disable_fastapi_docs else "/openapi.json",
     )
+    if not config.disable_fastapi_docs:
+        openapi_docs.add_offline_docs(app)
     app.state.serving = state
     app.state.config = config
     _add_routes(app, state, config)
@@ -744,6 +748,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None
             schema = original_openapi()
             components = openai_types.openapi_components()
             schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            openapi_docs.add_response_schemas(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
