@@ -401,7 +401,7 @@ async def completion_response(state: ServingState, raw: bytes, headers: _Headers
         response_id = f"cmpl-{base}"
         generations: list[Generation] = []
         try:
-            for i, prompt_ids in enumerate(prompts):
+            for i, (_, prompt_ids) in enumerate(prompts):
                 sub_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
                 generations.append(
                     await serving.prepare(
@@ -412,15 +412,15 @@ async def completion_response(state: ServingState, raw: bytes, headers: _Headers
             for generation in generations:
                 await generation.abort()
             raise
-        echo_texts = [state.tokenizer.decode(p) for p in prompts] if body.echo else ["" for _ in prompts]
-        batch = CompletionBatch(generations, echo_texts, body.n or 1)
+        echo_texts = [text or "" for text, _ in prompts] if body.echo else None
+        echo_only = bool(body.echo and body.max_tokens == 0)
+        batch = CompletionBatch(generations, echo_texts, body.n or 1, echo_only=echo_only)
         response_headers = {"x-request-id": base}
         if body.stream:
             streamed, admission = admission, None
             if len(generations) == 1 and len(generations[0].choices) == 1:
                 frames = serving.CompletionFrames(state, body, batch, response_id, model)
-                opening = frames.echo() if body.echo else b""
-                pusher = serving.PushStream(state, generations[0], frames, opening)
+                pusher = serving.PushStream(state, generations[0], frames)
                 return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
             stream = serving.completion_stream(state, body, batch, response_id, model)
             return SSEResponse(stream, response_headers, on_close=streamed.release)

@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="on SIGTERM, seconds for in-flight requests to finish before they are aborted",
     )
+    serve.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (the engine's prefix-cache hits), as vLLM does",
+    )
     serve.add_argument("--metrics-require-api-key", action="store_true", help="guard /metrics with --api-key too")
     serve.add_argument("--mock-engine", action="store_true", help="start the bundled mock engine (no GPU needed)")
     serve.add_argument(
@@ -172,6 +177,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         mock_engine=args.mock_engine,
         mock_engine_args=mock_args,
     )

@@ -59,6 +59,7 @@ from pyfront.server.text import (
     completion_logprobs,
     get_factory,
     next_text_offset,
+    prompt_logprobs_entries,
 )
 from pyfront.server.tokenizer import Tokenizer, TokenizerError
 
@@ -188,8 +189,13 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs_rows: list = field(default_factory=list)
-    prompt_logprobs: list | None = None
+    """One ``(ids, logprobs, rank)`` row per sampled token, appended as outputs arrive (never rebuilt)."""
+    prompt_rows: list | None = None
+    """The prompt-logprob rows (positions 1..L-1) when the request asked for them, gathered over outputs."""
     cached_tokens: int | None = None
+    """The engine's prefill stats for this choice (None until reported): prompt tokens found in the cache..."""
+    cache_creation_tokens: int | None = None
+    """...and prompt tokens computed and written to it."""
     done: bool = False
     parsed: Any = None
     """The choice's OutputStream (reasoning / tool calls) when the request uses parsers."""
@@ -200,6 +206,29 @@ class Choice:
     """The Generation this choice belongs to (a completions request has one per prompt)."""
     number: int = 0
     """The choice's index in the response: `index`, or for several completion prompts prompt * n + index."""
+
+
+def usage_body(
+    prompt: int, completion: int, details: dict[str, Any] | None, reasoning: int | None, *, nulls: bool
+) -> dict[str, Any]:
+    """`usage` as vLLM 0.32 dumps its UsageInfo: field order prompt, total, completion, then the details.
+
+    Non-streamed answers dump every field (`nulls=True`: absent details are `null`); the final usage chunk
+    of a stream drops the Nones (`model_dump_json(exclude_none=True)`), inside `details` too. `details`
+    (`prompt_tokens_details`) is given only with --enable-prompt-tokens-details; `reasoning` only with a
+    reasoning parser.
+    """
+    body: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+    body["completion_tokens"] = completion
+    if details is not None:
+        body["prompt_tokens_details"] = details if nulls else {k: v for k, v in details.items() if v is not None}
+    elif nulls:
+        body["prompt_tokens_details"] = None
+    if reasoning is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    elif nulls:
+        body["completion_tokens_details"] = None
+    return body
 
 
 class DeadlineExceeded(Exception):
@@ -303,10 +332,15 @@ class Generation:
         self.last_output_at = now
         if output.prefill_stats is not None:
             choice.cached_tokens = output.prefill_stats.num_cached_tokens
+            choice.cache_creation_tokens = output.prefill_stats.num_cache_creation_tokens
         if output.new_logprobs is not None:
-            choice.logprobs_rows.append(output.new_logprobs.to_plain())
+            plain = output.new_logprobs.to_plain()
+            choice.logprobs_rows.extend(zip(plain.token_ids, plain.logprobs, plain.ranks, strict=True))
         if output.new_prompt_logprobs_tensors is not None:
-            choice.prompt_logprobs = (choice.prompt_logprobs or []) + [output.new_prompt_logprobs_tensors.to_plain()]
+            plain = output.new_prompt_logprobs_tensors.to_plain()
+            if choice.prompt_rows is None:
+                choice.prompt_rows = []
+            choice.prompt_rows.extend(zip(plain.token_ids, plain.logprobs, plain.ranks, strict=True))
         finish = output.finish_reason
         stop_token = finish == FinishReason.STOP
         delta = choice.text.add(
@@ -331,17 +365,49 @@ class Generation:
     def finish_metrics(self) -> None:
         self.state.metrics.e2e.observe(time.monotonic() - self.started)
 
-    def usage(self) -> dict[str, Any]:
+    def prompt_tokens_details(self, *, chat: bool) -> dict[str, Any] | None:
+        """usage.prompt_tokens_details with --enable-prompt-tokens-details, else None.
+
+        The engine's prefill stats, 0 until reported (vLLM's output processor starts every request at 0
+        and updates it from the first output's stats); the largest over n choices. vLLM's chat layer also
+        reports the tokens written to the cache (`created_cache_tokens`), its completions layer does not.
+        """
+        if not self.state.enable_prompt_tokens_details:
+            return None
+        choices = self.choices
+        cached = max((c.cached_tokens for c in choices if c.cached_tokens is not None), default=0)
+        created = max((c.cache_creation_tokens for c in choices if c.cache_creation_tokens is not None), default=0)
+        return {"cached_tokens": cached, "created_cache_tokens": created if chat else None, "multimodal_tokens": None}
+
+    def reasoning_tokens(self, choice: Choice) -> int | None:
+        """Generated tokens that are reasoning (None without --reasoning-parser, as vLLM leaves the field out)."""
+        if self.state.reasoning_parser is None:
+            return None
+        reasoning = self.plan.parser.reasoning if self.plan is not None and self.plan.parser is not None else None
+        if reasoning is None:
+            return 0
+        return reasoning.count_reasoning_tokens(choice.text.token_ids, self.state.tokenizer.token_id)
+
+    def usage(self, *, streamed: bool) -> dict[str, Any]:
+        """The chat answer's usage: the non-streamed body (`streamed=False`) or the final usage chunk."""
         completion = sum(c.text.num_tokens for c in self.choices)
-        usage: dict[str, Any] = {
-            "prompt_tokens": len(self.prompt_ids),
-            "total_tokens": len(self.prompt_ids) + completion,
+        reasoning = None
+        if self.state.reasoning_parser is not None:
+            reasoning = sum(self.reasoning_tokens(c) or 0 for c in self.choices)
+        details = self.prompt_tokens_details(chat=True)
+        return usage_body(len(self.prompt_ids), completion, details, reasoning, nulls=not streamed)
+
+    def choice_usage(self, choice: Choice) -> dict[str, Any]:
+        """`stream_options.continuous_usage_stats`: the choice's own running usage, in vLLM's chunk shape."""
+        completion = choice.text.num_tokens
+        prompt = len(self.prompt_ids)
+        reasoning = self.reasoning_tokens(choice)
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
             "completion_tokens": completion,
+            "completion_tokens_details": None if reasoning is None else {"reasoning_tokens": reasoning},
         }
-        cached = [c.cached_tokens for c in self.choices if c.cached_tokens is not None]
-        if cached:
-            usage["prompt_tokens_details"] = {"cached_tokens": max(cached)}
-        return usage
 
     def batches(self) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
         """Every choice's engine outputs as they arrive: one (choice, outputs) item per wake-up.
@@ -669,7 +735,8 @@ async def chat_full(
         "created": int(generation.arrival),
         "model": model,
         "choices": choices,
-        "usage": generation.usage(),
+        "usage": generation.usage(streamed=False),
+        "prompt_logprobs": _prompt_logprobs(state, generation.choices[0]),
     }
 
 
@@ -723,12 +790,13 @@ def _chat_message(choice: Choice, plan: OutputPlan | None) -> tuple[dict[str, An
     return message, _tool_finish_reason(plan, choice.finish_reason, bool(calls))
 
 
-def _rows(choice: Choice) -> list:
-    """Logprob rows of the tokens kept (stop strings may have dropped trailing tokens)."""
-    rows: list = []
-    for plain in choice.logprobs_rows:
-        rows.extend(zip(plain.token_ids, plain.logprobs, plain.ranks, strict=True))
-    return rows[: choice.text.num_tokens]
+def _rows(choice: Choice, start: int = 0) -> list:
+    """Logprob rows of the kept tokens from `start` on (stop strings may have dropped trailing tokens).
+
+    A slice of the rows gathered so far: streaming asks for the new tokens' rows only, so the cost of an
+    output does not grow with the length of the stream.
+    """
+    return choice.logprobs_rows[start : choice.text.num_tokens]
 
 
 def chat_stream(
@@ -744,7 +812,6 @@ async def stream_frames(
     batches: AsyncIterator[tuple[Choice, list[EngineCoreOutput]]],
     frames: ChatFrames | CompletionFrames,
     generations: list[Generation],
-    opening: bytes = b"",
 ) -> AsyncIterator[bytes]:
     """An SSE body rendered by `frames`: one bytes item per engine wake-up (one frame per output).
 
@@ -757,8 +824,6 @@ async def stream_frames(
             await generation.abort()
 
     try:
-        if opening:
-            yield opening
         async for choice, outputs in batches:
             if not outputs:
                 yield KEEPALIVE_FRAME
@@ -829,8 +894,7 @@ class ChatFrames:
         delta = generation.on_output(choice, output)
         logprobs = None
         if request.logprobs and choice.text.num_tokens > rows_before:
-            new_rows = _rows(choice)[rows_before : choice.text.num_tokens]
-            logprobs = _chat_logprobs(self.state, choice, new_rows, request)
+            logprobs = _chat_logprobs(self.state, choice, _rows(choice, rows_before), request)
         finish_reason = choice.finish_reason
         if choice.parsed is None:
             if finish_reason is None and logprobs is None and not self.continuous:
@@ -848,20 +912,27 @@ class ChatFrames:
         else:
             return prefix
         if self.continuous:
-            body["usage"] = generation.usage()
+            body["usage"] = generation.choice_usage(choice)
         return prefix + frame(body)
 
     def closing(self) -> bytes:
         """The usage chunk (when asked for) and [DONE]."""
         if self.include_usage:
-            return frame({**self.head, "choices": [], "usage": self.generation.usage()}) + DONE_FRAME
+            return frame({**self.head, "choices": [], "usage": self.generation.usage(streamed=True)}) + DONE_FRAME
         return DONE_FRAME
 
 
 # ---------------------------------------------------------------------- completions
 
 
-async def tokenize_completion_prompts(state: ServingState, request: CompletionRequest) -> list[list[int]]:
+async def tokenize_completion_prompts(
+    state: ServingState, request: CompletionRequest
+) -> list[tuple[str | None, list[int]]]:
+    """Each prompt's ids, with the text vLLM echoes for it when `echo` is on (else None), on a worker thread.
+
+    vLLM echoes a text prompt as the request wrote it and a token prompt as `tokenizer.decode(ids)` (its
+    renderer's `needs_detokenization`), never re-decoding a text prompt's ids.
+    """
     prompt = request.prompt
     if isinstance(prompt, str):
         prompts: list[str | list[int]] = [prompt]
@@ -872,50 +943,86 @@ async def tokenize_completion_prompts(state: ServingState, request: CompletionRe
     else:
         raise APIError(400, "prompt must be a non-empty string, list of strings or list of token ids", param="prompt")
     vocab = state.tokenizer.vocab_size
+    tokenizer = state.tokenizer
+    echo = bool(request.echo)
 
-    def run() -> list[list[int]]:
-        out = []
+    def run() -> list[tuple[str | None, list[int]]]:
+        out: list[tuple[str | None, list[int]]] = []
         for p in prompts:
             if isinstance(p, str):
-                out.append(state.tokenizer.encode(p, add_special_tokens=True))
+                out.append((p if echo else None, tokenizer.encode(p, add_special_tokens=True)))
             else:
                 if not p or not all(type(t) is int and 0 <= t < vocab for t in p):
                     raise APIError(400, f"token ids in prompt must be ints in [0, {vocab})", param="prompt")
-                out.append(list(p))
+                ids = list(p)
+                out.append((tokenizer.decode(ids) if echo else None, ids))
         return out
 
     return await anyio.to_thread.run_sync(run)
 
 
 def _completion_choice_logprobs(
-    state: ServingState, choice: Choice, request: CompletionRequest, rows: Sequence
+    state: ServingState, choice: Choice, request: CompletionRequest, rows: Sequence, *, echo: bool = False
 ) -> dict | None:
-    """Completions logprobs for `rows`, continuing the choice's text offset and decoding context."""
+    """Completions logprobs for `rows`, continuing the choice's text offset and decoding context.
+
+    With `echo` (the choice's first chunk of an echoed request) the prompt's positions come first, as
+    vLLM lists `[*prompt_logprobs, *output.logprobs]` against `[*prompt_token_ids, *output.token_ids]`:
+    the first prompt token unscored (`None`), the others from the engine's prompt logprobs, decoded
+    with their own context (the prompt's), then the generated rows with the choice's.
+    """
     if request.logprobs is None:
         return None
-    result = completion_logprobs(
-        state.tokenizer.hf,
-        rows,
-        top_logprobs=request.logprobs,
-        initial_text_offset=choice.text_offset,
-        return_tokens_as_token_ids=bool(getattr(request, "return_tokens_as_token_ids", False)),
-        context=choice.logprob_context,
-    )
-    choice.text_offset = next_text_offset(result, choice.text_offset)
-    return result
+    tokenizer = state.tokenizer.hf
+    as_ids = bool(request.return_tokens_as_token_ids)
+    parts = []
+    if echo:
+        prompt = completion_logprobs(
+            tokenizer,
+            choice.prompt_rows or (),
+            top_logprobs=request.logprobs,
+            initial_text_offset=choice.text_offset,
+            return_tokens_as_token_ids=as_ids,
+            context=[],
+            unscored_token_ids=choice.generation.prompt_ids[:1],
+        )
+        choice.text_offset = next_text_offset(prompt, choice.text_offset)
+        parts.append(prompt)
+    if rows or not echo:
+        output = completion_logprobs(
+            tokenizer,
+            rows,
+            top_logprobs=request.logprobs,
+            initial_text_offset=choice.text_offset,
+            return_tokens_as_token_ids=as_ids,
+            context=choice.logprob_context,
+        )
+        choice.text_offset = next_text_offset(output, choice.text_offset)
+        parts.append(output)
+    if len(parts) == 1:
+        return parts[0]
+    return {key: parts[0][key] + parts[1][key] for key in parts[0]}
 
 
-def _with_offset(choice: Choice, offset: int) -> Choice:
-    choice.text_offset = offset
-    return choice
+def _prompt_logprobs(state: ServingState, choice: Choice) -> list | None:
+    """The response's `prompt_logprobs`: None unless the engine was asked for them (prompt_logprobs or echo)."""
+    if choice.generation is None or choice.generation.params.prompt_logprobs is None:
+        return None
+    return prompt_logprobs_entries(state.tokenizer.hf, choice.prompt_rows or ())
 
 
 class CompletionBatch:
-    """A completions request may carry several prompts: one Generation each, choices numbered across."""
+    """A completions request may carry several prompts: one Generation each, choices numbered across.
 
-    def __init__(self, generations: list[Generation], echo_texts: list[str], n: int) -> None:
+    `echo_texts[p]` is prompt p as vLLM echoes it: the request's own string for a text prompt, the
+    decoded ids for a token prompt. With `echo_only` (echo and max_tokens 0) the engine was asked for
+    one token, which is dropped from the text and logprobs but, as vLLM does, counted in usage.
+    """
+
+    def __init__(self, generations: list[Generation], echo_texts: list[str] | None, n: int, echo_only: bool) -> None:
         self.generations = generations
         self.echo_texts = echo_texts
+        self.echo_only = echo_only
         self.n = n
         for p, generation in enumerate(generations):
             for choice in generation.choices:
@@ -925,10 +1032,12 @@ class CompletionBatch:
         for generation in self.generations:
             await generation.abort()
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self, *, streamed: bool) -> dict[str, Any]:
+        """vLLM's completion usage; its cached tokens are the last prompt's (non-streamed) or the first's."""
         prompt = sum(len(g.prompt_ids) for g in self.generations)
         completion = sum(c.text.num_tokens for g in self.generations for c in g.choices)
-        return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+        details = (self.generations[0] if streamed else self.generations[-1]).prompt_tokens_details(chat=False)
+        return usage_body(prompt, completion, details, None, nulls=not streamed)
 
     def batches(self) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
         """Every choice of every prompt, as Generation.batches(); `choice.generation` says whose it is."""
@@ -948,18 +1057,19 @@ async def completion_full(
     choices = []
     for p, generation in enumerate(batch.generations):
         generation.finish_metrics()
-        echo = batch.echo_texts[p] if request.echo else ""
         for choice in generation.choices:
+            text, rows = choice.text.text, _rows(choice)
+            if batch.echo_only:
+                text, rows = "", []
+            echo = batch.echo_texts is not None
             choices.append(
                 {
                     "index": choice.number,
-                    "text": echo + choice.text.text,
-                    "logprobs": _completion_choice_logprobs(
-                        state, _with_offset(choice, len(echo)), request, _rows(choice)
-                    ),
+                    "text": (batch.echo_texts[p] if batch.echo_texts is not None else "") + text,
+                    "logprobs": _completion_choice_logprobs(state, choice, request, rows, echo=echo),
                     "finish_reason": choice.finish_reason,
                     "stop_reason": choice.stop_reason,
-                    "prompt_logprobs": None,
+                    "prompt_logprobs": _prompt_logprobs(state, choice),
                 }
             )
     return {
@@ -968,7 +1078,7 @@ async def completion_full(
         "created": int(batch.generations[0].arrival),
         "model": model,
         "choices": choices,
-        "usage": batch.usage(),
+        "usage": batch.usage(streamed=False),
     }
 
 
@@ -977,14 +1087,18 @@ def completion_stream(
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed completion (several prompts or n > 1; one choice takes PushStream)."""
     frames = CompletionFrames(state, request, batch, response_id, model)
-    opening = frames.echo() if request.echo else b""
-    return stream_frames(state, batch.batches(), frames, batch.generations, opening)
+    return stream_frames(state, batch.batches(), frames, batch.generations)
 
 
 class CompletionFrames:
-    """Renders a streamed completion's SSE frames; a plain text delta is one template fill."""
+    """Renders a streamed completion's SSE frames; a plain text delta is one template fill.
 
-    __slots__ = ("batch", "continuous", "head", "include_usage", "request", "state", "templates")
+    With echo, a choice's first frame carries its prompt's text (and logprobs) before its first
+    generated text, as vLLM's first chunk does; it waits for the first output that has tokens or
+    a finish, since the prompt logprobs come with it.
+    """
+
+    __slots__ = ("batch", "continuous", "echo_pending", "head", "include_usage", "request", "state", "templates")
 
     def __init__(
         self, state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
@@ -998,6 +1112,9 @@ class CompletionFrames:
         self.include_usage = bool(options and options.include_usage)
         self.continuous = bool(options and options.continuous_usage_stats) and self.include_usage
         self.templates: dict[int, ContentTemplate] = {}
+        self.echo_pending: set[int] = (
+            {c.number for g in batch.generations for c in g.choices} if batch.echo_texts is not None else set()
+        )
 
     def _chunk(self, number: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {
@@ -1005,25 +1122,29 @@ class CompletionFrames:
             "choices": [{"index": number, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
 
-    def echo(self) -> bytes:
-        """The prompts' text, one chunk per choice, before any output (echo=true)."""
-        parts = []
-        for p, generation in enumerate(self.batch.generations):
-            for choice in generation.choices:
-                choice.text_offset = len(self.batch.echo_texts[p])
-                parts.append(frame(self._chunk(choice.number, self.batch.echo_texts[p], None, None)))
-        return b"".join(parts)
-
     def output(self, choice: Choice, output: EngineCoreOutput) -> bytes:
         """The frame (possibly none) for one engine output of `choice`."""
         request = self.request
+        batch = self.batch
         rows_before = choice.text.num_tokens
         delta = choice.generation.on_output(choice, output)
+        has_rows = choice.text.num_tokens > rows_before
+        echo = False
+        if self.echo_pending and choice.number in self.echo_pending:
+            if not has_rows and choice.finish_reason is None:
+                return b""  # nothing generated yet (a prefill chunk): the echo waits for the first token
+            self.echo_pending.discard(choice.number)
+            echo = True
+        if batch.echo_only:
+            delta, has_rows = "", False
         logprobs = None
-        if request.logprobs is not None and choice.text.num_tokens > rows_before:
-            rows = _rows(choice)[rows_before : choice.text.num_tokens]
-            logprobs = _completion_choice_logprobs(self.state, choice, request, rows)
-        if choice.finish_reason is None and logprobs is None and not self.continuous:
+        if request.logprobs is not None and (has_rows or echo):
+            rows = _rows(choice, rows_before) if has_rows else []
+            logprobs = _completion_choice_logprobs(self.state, choice, request, rows, echo=echo)
+        if echo:
+            assert batch.echo_texts is not None
+            delta = batch.echo_texts[choice.number // batch.n] + delta
+        if choice.finish_reason is None and logprobs is None and not self.continuous and not echo:
             if not delta:
                 return b""
             template = self.templates.get(choice.number)
@@ -1034,13 +1155,17 @@ class CompletionFrames:
             return template.render(delta)
         body = self._chunk(choice.number, delta, logprobs, choice.finish_reason)
         body["choices"][0]["stop_reason"] = choice.stop_reason
+        if echo:  # vLLM's echo chunk carries the prompt's ids, asked for or not (they share its echo branch)
+            body["choices"][0]["prompt_token_ids"] = choice.generation.prompt_ids
         if self.continuous:
-            body["usage"] = self.batch.usage()
+            prompt, completion = len(choice.generation.prompt_ids), choice.text.num_tokens
+            body["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+            body["usage"]["completion_tokens"] = completion
         return frame(body)
 
     def closing(self) -> bytes:
         if self.include_usage:
-            return frame({**self.head, "choices": [], "usage": self.batch.usage()}) + DONE_FRAME
+            return frame({**self.head, "choices": [], "usage": self.batch.usage(streamed=True)}) + DONE_FRAME
         return DONE_FRAME
 
 
@@ -1060,15 +1185,12 @@ class PushStream:
     on an error, and on keep-alive / deadline timers: not once per token.
     """
 
-    def __init__(
-        self, state: ServingState, generation: Generation, frames: ChatFrames | CompletionFrames, opening: bytes = b""
-    ) -> None:
+    def __init__(self, state: ServingState, generation: Generation, frames: ChatFrames | CompletionFrames) -> None:
         assert len(generation.choices) == 1
         self.state = state
         self.generation = generation
         self.choice = generation.choices[0]
         self.frames = frames
-        self.opening = opening
         self._send: Send | None = None
         self._pending: tuple[Any, Any] | None = None
         """A send coroutine that suspended, and what it yielded."""
@@ -1206,8 +1328,6 @@ class PushStream:
         assert stream is not None
         self._send = send
         try:
-            if self.opening:
-                self._write(self.opening)
             for output in stream.listen(self):
                 self.on_output(output)
             if stream.error is not None:

@@ -62,6 +62,7 @@ __all__ = [
     "format_token_id",
     "get_factory",
     "next_text_offset",
+    "prompt_logprobs_entries",
     "token_text",
 ]
 
@@ -1020,6 +1021,38 @@ def completion_logprobs(
         text_offset.append(offset)
         offset += len(tok)
     return {"text_offset": text_offset, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": tops}
+
+
+def prompt_logprobs_entries(tokenizer: Any, rows: Iterable[Sequence[Any]]) -> list[dict[int, dict[str, Any]] | None]:
+    """The ``prompt_logprobs`` field of a response: vLLM's ``PromptLogprobs`` list as its OpenAI layer dumps it.
+
+    ``rows``: ``(ids, logprobs, rank)`` per scored prompt position (positions 1..L-1; ``ids`` = the prompt
+    token, then the top-k). Entry 0 is ``None`` (the first prompt token is never scored); entry i is
+    ``{token_id: {"logprob", "rank", "decoded_token"}}`` in vLLM's order: the prompt token first with its
+    rank, then the top-k with ranks 1..k, a repeated id keeping its first place and its last value
+    (``append_logprobs_for_next_position``). ``decoded_token`` is corrected with the preceding prompt
+    tokens exactly as for sampled tokens (vLLM's ``_update_prompt_logprobs`` uses the same
+    ``_verify_tokens``), and ``-inf`` becomes ``-9999.0`` (``clamp_prompt_logprobs``; other values pass).
+    """
+    factory = get_factory(tokenizer)
+    context: list[int] = []
+    out: list[dict[int, dict[str, Any]] | None] = [None]
+    for row in rows:
+        row_ids, row_lps, rank = row[0], row[1], row[2]
+        entries = _position_tokens(factory, row_ids, row_lps, context)
+        ranks: dict[int, int] = {}
+        for i, tid in enumerate(row_ids):
+            ranks[tid] = rank if i == 0 else i
+        out.append(
+            {
+                tid: {"logprob": LOGPROB_FLOOR if lp == _NEG_INF else lp, "rank": ranks[tid], "decoded_token": dec}
+                for tid, (lp, dec) in entries.items()
+            }
+        )
+    return out
+
+
+_NEG_INF = float("-inf")
 
 
 def next_text_offset(completion_lp: dict[str, Any], current: int) -> int:

@@ -244,6 +244,11 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (e.g. ``"</think>"``), or None when the vocabulary lacks it."""
+        tid = self.hf.convert_tokens_to_ids(token)
+        return tid if isinstance(tid, int) and tid != self.hf.unk_token_id else None
+
     def render_chat(
         self,
         messages: list[dict[str, Any]],

@@ -1025,6 +1025,7 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
     mock_args = ("--script-file", str(script_file), "--step-interval", "0.002")
 
     results: dict[str, dict[str, dict]] = {"vllm": {}, "pyfront": {}}
+    usages: dict[str, dict[str, dict]] = {"vllm": {}, "pyfront": {}}
     with managed_processes() as procs:
         frontend = procs.add(
             real_engine.start_vllm_frontend(
@@ -1058,6 +1059,7 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
                     assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.text}\n{server.log_tail()}"
                     raw[f"{name}/full"] = r.json()
                     results[side][f"{name}/full"] = _parsed_full(r.json())
+                    usages[side][name] = r.json()["usage"]
                     with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
                         if r.status_code != 200:
                             pytest.fail(f"{side} {name} (stream): HTTP {r.status_code} {r.read().decode()}")
@@ -1076,6 +1078,8 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
         print(f"{key}\n  vllm:    {_short(results['vllm'][key])}\n  pyfront: {_short(results['pyfront'][key])}")
     print(f"tool/reasoning comparison took {time.monotonic() - t_test:.1f} s; answers in {tmp_path}")
 
+    # usage, reasoning_tokens included (vLLM's qwen3 parser counts them; langchain reads the field).
+    assert usages["pyfront"] == usages["vllm"]
     vllm, ours = results["vllm"], results["pyfront"]
     for name in TOOL_REASONING_CASES:
         full, stream = f"{name}/full", f"{name}/stream"
@@ -1097,3 +1101,133 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
                 assert all(isinstance(i, str) and i for i in ids) and len(set(ids)) == len(ids), (key, ids)
             assert vllm[key]["fields"] == (["reasoning"] if vllm[key]["reasoning"] else []), (key, vllm[key])
             assert ours[key]["fields"] == (["reasoning", "reasoning_content"] if ours[key]["reasoning"] else []), key
+
+
+# ------------------------------------------------------------------- echo, prompt logprobs and usage vs vLLM
+
+# Completions requests as eval harnesses send them (lm-eval's loglikelihood is echo + logprobs + max_tokens 1,
+# perplexity the same with max_tokens 0), and the neighbours of each: every field of the answer must be
+# vLLM's (ids and timestamps aside).
+LOGPROB_COMPLETION_CASES: dict[str, dict] = {
+    "loglikelihood": {"prompt": "The capital of France is Paris", "echo": True, "logprobs": 1, "max_tokens": 1},
+    "rolling_max_tokens_0": {"prompt": "One two three four five six", "echo": True, "logprobs": 1, "max_tokens": 0},
+    "echo_generate": {"prompt": "Tell me a story about", "echo": True, "logprobs": 2, "max_tokens": 4},
+    "echo_no_logprobs_0": {"prompt": "Only the prompt, please", "echo": True, "max_tokens": 0},
+    "prompt_logprobs_only": {"prompt": "Score each of these words", "prompt_logprobs": 2, "max_tokens": 2},
+    "echo_prompt_logprobs_wider": {
+        "prompt": "Wider prompt logprobs than sampled ones",
+        "echo": True,
+        "logprobs": 1,
+        "prompt_logprobs": 3,
+        "max_tokens": 1,
+    },
+    "token_prompt_echo": {"prompt": [9707, 1879, 0, 374, 264], "echo": True, "logprobs": 1, "max_tokens": 1},
+    "two_prompts_echo": {"prompt": ["First prompt here", "And a second"], "echo": True, "logprobs": 1, "max_tokens": 1},
+    "unicode_echo": {"prompt": "Café naïve 東京 🎉 done", "echo": True, "logprobs": 1, "max_tokens": 1},
+    "plain_logprobs": {"prompt": "No echo, just logprobs", "logprobs": 3, "max_tokens": 3},
+}
+LOGPROB_STREAM_CASES: dict[str, dict] = {
+    "stream_echo_generate": {"prompt": "Tell me a story about", "echo": True, "logprobs": 1, "max_tokens": 3},
+    "stream_echo_0": {"prompt": "One two three four five six", "echo": True, "logprobs": 1, "max_tokens": 0},
+    "stream_echo_text": {"prompt": "Just text back", "echo": True, "max_tokens": 3},
+    "stream_usage": {
+        "prompt": "Usage please",
+        "max_tokens": 3,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    },
+}
+LOGPROB_CHAT_CASES: dict[str, dict] = {
+    "chat_prompt_logprobs": {"messages": [{"role": "user", "content": "Hi there!"}], "prompt_logprobs": 1},
+    "chat_logprobs_usage": {"messages": [{"role": "user", "content": "Count to three."}], "logprobs": True,
+                            "top_logprobs": 2},
+}  # fmt: skip
+
+
+def _without_ids(body: object) -> object:
+    """An answer with what differs by design taken out: ids, timestamps, and keys whose value is null or an
+    empty list (vLLM dumps every field of its pydantic models, e.g. `kv_transfer_params: null`; pyfront
+    leaves them out, which clients read the same)."""
+    if isinstance(body, dict):
+        return {
+            k: _without_ids(v)
+            for k, v in body.items()
+            if k not in ("id", "created", "system_fingerprint") and v is not None and v != []
+        }
+    if isinstance(body, list):
+        return [_without_ids(v) for v in body]
+    return body
+
+
+def _stream_folded(events: list[dict]) -> dict:
+    """A completions stream folded per choice (its chunking follows engine timing, not the protocol): the
+    text and every logprobs list concatenated, the finish, the ids an echo chunk carries, the final usage."""
+    choices: dict[int, dict] = {}
+    usage = None
+    for event in events:
+        if event.get("usage") is not None and not event.get("choices"):
+            usage = event["usage"]
+        for choice in event.get("choices", []):
+            folded = choices.setdefault(choice["index"], {"text": "", "logprobs": None, "finish": None})
+            folded["text"] += choice["text"]
+            if choice.get("logprobs") is not None:
+                if folded["logprobs"] is None:
+                    folded["logprobs"] = {key: [] for key in choice["logprobs"]}
+                for key, values in choice["logprobs"].items():
+                    folded["logprobs"][key] += values
+            if choice.get("finish_reason") is not None:
+                assert folded["finish"] is None, f"a second finish_reason: {event}"
+                folded["finish"] = choice["finish_reason"]
+            if choice.get("prompt_token_ids") is not None:
+                folded["prompt_token_ids"] = choice["prompt_token_ids"]
+    return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
+
+
+@pytest.mark.real_engine
+def test_echo_prompt_logprobs_and_usage_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tmp_path: Path) -> None:
+    """vLLM 0.32's own front end and pyfront, both with --enable-prompt-tokens-details, each against a mock
+    engine that answers the same prompt ids with the same tokens and (prompt) logprobs, give field-for-field
+    the same completions answers for echo / logprobs / prompt_logprobs / max_tokens 0 (streamed and not), and
+    the same chat prompt_logprobs and usage. This is the class of answer lm-eval and perplexity scripts read:
+    a wrong number here is silent."""
+    rpc_vllm, http_vllm, rpc_pyfront, http_pyfront = _ports(4)
+    mock_args = ("--step-interval", "0.002", "--output-len", "8")
+    flags = ("--enable-prompt-tokens-details",)
+    answers: dict[str, dict[str, object]] = {"vllm": {}, "pyfront": {}}
+    with managed_processes() as procs:
+        frontend = procs.add(
+            real_engine.start_vllm_frontend(
+                tiny_model, rpc_vllm, http_vllm, tmp_path / "vllm-fe.log", venv=vllm_venv, extra_args=flags
+            )
+        )
+        vllm_mock = procs.add(_start_mock_engine(rpc_vllm, tmp_path / "vllm-mock.log", *mock_args))
+        pyfront = procs.add(_start_pyfront_server(tiny_model, http_pyfront, rpc_pyfront, tmp_path / "pf.log", *flags))
+        pyfront_mock = procs.add(_start_mock_engine(rpc_pyfront, tmp_path / "pyfront-mock.log", *mock_args))
+        real_engine.wait_healthy(pyfront, timeout=STARTUP_TIMEOUT_S, also_alive=[pyfront_mock])
+        real_engine.wait_healthy(frontend, timeout=STARTUP_TIMEOUT_S, also_alive=[vllm_mock])
+        for side, server in (("vllm", frontend), ("pyfront", pyfront)):
+            model = _model_id(server.url)
+            with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
+                for name, case in LOGPROB_COMPLETION_CASES.items():
+                    r = client.post("/v1/completions", json={"model": model, "temperature": 0, **case})
+                    assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.text}"
+                    answers[side][name] = r.json()
+                for name, case in LOGPROB_STREAM_CASES.items():
+                    body = {"model": model, "temperature": 0, "stream": True, **case}
+                    with client.stream("POST", "/v1/completions", json=body) as r:
+                        assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.read()!r}"
+                        answers[side][name] = _stream_folded(list(_sse_events(r)))
+                for name, case in LOGPROB_CHAT_CASES.items():
+                    r = client.post("/v1/chat/completions", json={"model": model, "temperature": 0, **case})
+                    assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.text}"
+                    answers[side][name] = r.json()
+        assert all(h.alive() for h in (frontend, vllm_mock, pyfront, pyfront_mock))
+    (tmp_path / "answers.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+    loglik = answers["pyfront"]["loglikelihood"]["choices"][0]["logprobs"]  # type: ignore[index]
+    assert loglik["token_logprobs"][0] is None and len(loglik["tokens"]) > 2, loglik  # the prompt is there
+    mismatched = []
+    for name in answers["vllm"]:
+        ours, theirs = _without_ids(answers["pyfront"][name]), _without_ids(answers["vllm"][name])
+        if ours != theirs:
+            mismatched.append(name)
+            print(f"{name}\n  vllm:    {json.dumps(theirs)[:1500]}\n  pyfront: {json.dumps(ours)[:1500]}")
+    assert not mismatched, f"answers differ from vLLM's front end in {mismatched}; all answers in {tmp_path}"

@@ -72,7 +72,7 @@ def start_server(config: ServerConfig) -> tuple[uvicorn.Server, threading.Thread
 
 
 @contextlib.contextmanager
-def running_harness(**mock_options: object) -> Iterator[Harness]:
+def running_harness(config_overrides: dict | None = None, **mock_options: object) -> Iterator[Harness]:
     rpc_port, http_port = free_port(), free_port()
     options: dict = {"step_interval_s": 0.002, "output_len": 12, "max_model_len": 4096, "advertise_feh": True}
     options.update(mock_options)
@@ -85,6 +85,7 @@ def running_harness(**mock_options: object) -> Iterator[Harness]:
         data_parallel_rpc_port=rpc_port,
         engine_startup_timeout=20,
         max_request_body_bytes=1024 * 1024,
+        **(config_overrides or {}),
     )
     server, thread = start_server(config)
     try:
