@@ -396,7 +396,7 @@ def test_lm_eval_matches_vllm_frontend(tiny_model: Path, vllm_venv: Path, client
 
 # ------------------------------------------------------------------------------------------------ 3. guidellm
 
-GUIDELLM_REQUESTS = 60
+GUIDELLM_REQUESTS = 200
 GUIDELLM_STREAMS = 6
 GUIDELLM_PROMPT_TOKENS = 64
 GUIDELLM_OUTPUT_TOKENS = 16

@@ -25,4 +25,5 @@ vllm=$(tools/real_engine/setup_venv.sh | tail -n 1)
 export PYFRONT_CLIENTS_VENV="$clients" PYFRONT_VLLM_VENV="$vllm"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-"$PY" -m pytest -q --real-clients -m real_clients --durations=0 tests/test_real_clients.py "$@"
+# -rP: the tests print their figures (lm-eval samples identical per request type, guidellm latencies).
+"$PY" -m pytest -q -rP --real-clients -m real_clients --durations=0 tests/test_real_clients.py "$@"
