@@ -13,10 +13,13 @@ DATA_DIR = Path(__file__).parent / "data"
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--real-engine", action="store_true", help="run tests against a real vLLM engine")
     parser.addoption("--soak", action="store_true", help="run the long soak tests")
+    parser.addoption(
+        "--real-clients", action="store_true", help="run third-party clients (openai SDK, lm-eval, guidellm)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for marker, option in (("real_engine", "--real-engine"), ("soak", "--soak")):
+    for marker, option in (("real_engine", "--real-engine"), ("soak", "--soak"), ("real_clients", "--real-clients")):
         if config.getoption(option):
             continue
         skip = pytest.mark.skip(reason=f"opt-in tier: pass {option} to run")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -164,3 +165,24 @@ def test_auto_tool_choice_needs_the_flags() -> None:
         config_from_args(build_parser().parse_args(["serve", "--reasoning-parser", "nope"]))
     with pytest.raises(SystemExit, match="needs --tool-call-parser"):
         config_from_args(build_parser().parse_args(["serve", "--enable-auto-tool-choice"]))
+
+
+@pytest.mark.parametrize("strict", [None, True])
+def test_tools_render_as_vllm_renders_them(env, strict) -> None:
+    """The chat template sees each tool as vLLM 0.32 passes it: `strict` only when the request set it (found by
+    the openai SDK in the real-client tier: pyfront rendered `"strict": null`, 4 prompt tokens more per tool)."""
+    client, _, tokenizer = env
+    tool = json.loads(json.dumps(TOOLS[0]))
+    if strict is not None:
+        tool["function"]["strict"] = strict
+    messages = [{"role": "user", "content": "hi"}]
+    server_root = str(client.base_url).removesuffix("/").removesuffix("/v1")
+    response = httpx.post(
+        f"{server_root}/tokenize",
+        json={"model": MODEL, "messages": messages, "tools": [tool]},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=30,
+    ).json()
+    expected = tokenizer.hf.apply_chat_template(messages, tools=[tool], add_generation_prompt=True, tokenize=False)
+    assert response["tokens"] == tokenizer.encode(expected, add_special_tokens=False)
+    assert ('"strict": true' in expected) is (strict is True) and '"strict": null' not in expected
