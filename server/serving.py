@@ -36,12 +36,14 @@ from pyfront.engine_client.protocol import (
     FinishReason,
     SamplingParams,
     StructuredOutputsParams,
+    finish_reason_name,
 )
 from pyfront.server.errors import APIError, DeadlineExceeded, RequestValidationError, sse_error_frame, to_api_error
 from pyfront.server.metrics import Metrics
 from pyfront.server.openai_types import (
     ChatCompletionRequest,
     CompletionRequest,
+    completion_prompts,
     message_text,
     tool_dicts,
 )
@@ -59,14 +61,6 @@ from pyfront.server.text import (
     prompt_logprobs_entries,
 )
 from pyfront.server.tokenizer import Tokenizer, TokenizerError
-
-_FINISH_NAMES = {
-    FinishReason.STOP: "stop",
-    FinishReason.LENGTH: "length",
-    FinishReason.ABORT: "abort",
-    FinishReason.ERROR: "error",
-    FinishReason.REPETITION: "repetition",
-}
 
 
 @dataclass(slots=True)
@@ -345,7 +339,7 @@ class Generation:
         elif finish is not None:
             if finish == FinishReason.ERROR:
                 raise APIError(500, "the engine reported an error for this request")
-            choice.finish_reason = _FINISH_NAMES.get(finish, "stop")
+            choice.finish_reason = finish_reason_name(finish)
             choice.stop_reason = output.stop_reason
         if choice.finish_reason is not None and not choice.done:
             choice.done = True
@@ -909,15 +903,7 @@ async def tokenize_completion_prompts(
     vLLM echoes a text prompt as the request wrote it and a token prompt as `tokenizer.decode(ids)` (its
     renderer's `needs_detokenization`), never re-decoding a text prompt's ids.
     """
-    prompt = request.prompt
-    if isinstance(prompt, str):
-        prompts: list[str | list[int]] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [prompt]  # one prompt of token ids
-    elif isinstance(prompt, list) and prompt:
-        prompts = list(prompt)
-    else:
-        raise APIError(400, "prompt must be a non-empty string, list of strings or list of token ids", param="prompt")
+    prompts = completion_prompts(request)  # the shapes decode_completion_request accepted
     vocab = state.tokenizer.vocab_size
     tokenizer = state.tokenizer
     echo = bool(request.echo)

@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -23,15 +22,10 @@ from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.cli import ENGINE_SIDE_FLAGS, config_from_args, parse_args
 from pyfront.server.config import ServerConfig, resolve_api_keys
 from pyfront.server.launcher import banner
+from tests.conftest import free_port
 
 PYFRONT = [sys.executable, "-m", "pyfront.server.cli"]
 CHAT = {"model": BUNDLED_TOKENIZER_NAME, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 3}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

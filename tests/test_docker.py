@@ -25,7 +25,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import Any
 import pytest
 
 from pyfront.server.cli import build_parser, config_from_args
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -459,12 +459,6 @@ def test_compose_cpu_engine_builds_vllm_cpu_without_compilers(compose: dict[str,
 
 
 # ------------------------------------------------------------------------------------------- the replay
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stat(pid: int) -> list[str] | None:

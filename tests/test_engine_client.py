@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,14 +29,9 @@ from pyfront.engine_client.handshake import HandshakeError
 from pyfront.engine_client.mock_engine import MockConfig, run_mock_engine
 from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams
 from pyfront.hashing import default_none_hash
+from tests.conftest import free_port
 
 EOS = 151645
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_request(request_id: str, prompt_len: int = 50, max_tokens: int = 5, **sampling) -> EngineCoreRequest:

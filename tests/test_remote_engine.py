@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from tests.test_server import free_port
+from tests.conftest import free_port
 
 FRONT_ADDR = "10.213.77.1"
 ENGINE_ADDR = "10.213.77.2"

@@ -11,7 +11,7 @@ import time
 import httpx
 
 from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from tests.test_server import free_port
+from tests.conftest import free_port
 
 
 def _get(url: str) -> httpx.Response | None:

@@ -20,15 +20,10 @@ from pyfront.engine_client.mock_engine import MockConfig, MockEngine
 from pyfront.server.app import create_app
 from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.config import ServerConfig
+from tests.conftest import free_port
 
 MODEL = "qwen3-test"
 API_KEY = "sk-test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -441,3 +436,24 @@ def test_one_finish_per_choice_when_stop_strings_end_merged_streams(harness: Har
                             if choice.get("finish_reason"):
                                 finishes[choice["index"]] = finishes.get(choice["index"], 0) + 1
             assert finishes == {i: 1 for i in range(6)}
+
+
+@pytest.mark.parametrize("reason", [0, 1, 2, 4, 7])
+def test_finish_reason_names_come_from_the_protocol(harness: Harness, reason: int) -> None:
+    """One table of finish-reason names (protocol.finish_reason_name): the serving layer used to keep its own,
+    which named an unknown reason from a newer engine "stop" where the protocol says "error"."""
+    from unittest import mock
+
+    from pyfront.engine_client.protocol import EngineCoreOutput, finish_reason_name
+    from pyfront.server import serving
+    from pyfront.server.text import TextStream
+
+    generation = object.__new__(serving.Generation)
+    generation.state = mock.MagicMock()
+    generation.engine = mock.MagicMock()
+    generation.first_token_at = generation.started = generation.last_output_at = time.monotonic()
+    tokenizer = harness.app.state.serving.tokenizer  # type: ignore[attr-defined]
+    choice = serving.Choice(0, "r", TextStream(tokenizer.hf), generation=generation)
+    generation.on_output(choice, EngineCoreOutput("r", [9707], finish_reason=reason))
+    assert choice.finish_reason == finish_reason_name(reason)
+    assert finish_reason_name(7) == "error"

@@ -13,7 +13,8 @@ from pyfront.engine_client.mock_engine import MockConfig, MockEngine
 from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.cli import build_parser, config_from_args
 from pyfront.server.config import ServerConfig
-from tests.test_server import API_KEY, MODEL, free_port, start_server
+from tests.conftest import free_port
+from tests.test_server import API_KEY, MODEL, start_server
 
 TOOLS = [
     {
