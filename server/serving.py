@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 import uuid
@@ -38,7 +39,7 @@ from pyfront.engine_client.protocol import (
     StructuredOutputsParams,
     finish_reason_name,
 )
-from pyfront.server.errors import APIError, DeadlineExceeded, RequestValidationError, sse_error_frame, to_api_error
+from pyfront.server.errors import APIError, DeadlineExceeded, sse_error_frame, to_api_error
 from pyfront.server.metrics import Metrics
 from pyfront.server.openai_types import (
     ChatCompletionRequest,
@@ -61,6 +62,8 @@ from pyfront.server.text import (
     prompt_logprobs_entries,
 )
 from pyfront.server.tokenizer import Tokenizer, TokenizerError
+
+logger = logging.getLogger("pyfront.server")
 
 
 @dataclass(slots=True)
@@ -478,20 +481,43 @@ class _Failure:
 
 
 def _message_dicts(request: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: text parts joined, tool call arguments as objects."""
+    """Messages as the chat template expects them: text parts joined, tool call arguments as objects.
+
+    Tool calls follow vLLM 0.32's `_postprocess_messages` (vllm/renderers/chat_utils.py): an empty list is
+    dropped, and arguments become a dict, `{}` when they are empty, not JSON, or JSON that is not an
+    object (logged). A malformed call lives in the history, so refusing it would fail every later turn of
+    that conversation: vLLM coerces it, and so does pyfront, so both render the same prompt.
+    """
     messages = msgspec.to_builtins(request.messages)
     for message, original in zip(messages, request.messages, strict=True):
         if isinstance(message.get("content"), list):
             message["content"] = message_text(original)
-        for call in message.get("tool_calls") or ():
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and not calls:
+            del message["tool_calls"]
+        for call in calls or ():
             function = call.get("function") or {}
-            arguments = function.get("arguments")
-            if isinstance(arguments, str):
-                try:
-                    function["arguments"] = json.loads(arguments) if arguments else {}
-                except ValueError:
-                    raise RequestValidationError("tool call arguments must be JSON", "messages") from None
+            function["arguments"] = _arguments_object(function.get("name"), function.get("arguments"))
     return messages
+
+
+def _arguments_object(name: str | None, arguments: Any) -> dict[str, Any]:
+    if not arguments:
+        return {}
+    if isinstance(arguments, dict):
+        return arguments
+    parsed: Any = arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            logger.warning("tool call %r has arguments that are not JSON (%d chars): rendered as {}", name,
+                           len(arguments))  # fmt: skip
+            return {}
+    if not isinstance(parsed, dict):
+        logger.warning("tool call %r arguments are a %s, not an object: rendered as {}", name, type(parsed).__name__)
+        return {}
+    return parsed
 
 
 async def render_chat(

@@ -73,3 +73,30 @@ def test_tool_dicts_follow_vllm_serializers() -> None:
             "defer_loading": True,
         }
     ]
+
+
+@pytest.mark.parametrize("arguments", ["{not json", "[1, 2]", "42", ""])
+def test_malformed_tool_call_arguments_render_as_an_empty_object(harness: Harness, arguments: str) -> None:
+    """vLLM 0.32 coerces them to {} (a refused history would fail every later turn), so the prompt is the
+    one a well-formed empty call gives, and the request is served."""
+    tokenizer = harness.app.state.serving.tokenizer  # type: ignore[attr-defined]
+
+    def messages(args: str) -> list[dict]:
+        call = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": args}}
+        return [{"role": "user", "content": "Time?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]  # fmt: skip
+
+    with harness.http() as client:
+        ours = client.post("/tokenize", json={"model": MODEL, "messages": messages(arguments)})
+        empty = client.post("/tokenize", json={"model": MODEL, "messages": messages("{}")})
+    assert ours.status_code == 200, ours.text
+    assert ours.json()["tokens"] == empty.json()["tokens"], tokenizer.decode(ours.json()["tokens"])
+
+
+def test_empty_tool_calls_list_is_dropped(harness: Harness) -> None:
+    with_empty = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": []}]
+    without = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    with harness.http() as client:
+        a = client.post("/tokenize", json={"model": MODEL, "messages": with_empty}).json()["tokens"]
+        b = client.post("/tokenize", json={"model": MODEL, "messages": without}).json()["tokens"]
+    assert a == b

@@ -92,17 +92,6 @@ def test_an_error_mid_stream_is_a_logged_500_event(
             },
             "tool_choice",
         ),
-        (
-            "/v1/chat/completions",
-            {
-                "messages": [
-                    {"role": "user", "content": "hi"},
-                    {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
-                                                          "function": {"name": "a", "arguments": "{not json"}}]},
-                ]
-            },
-            "messages",
-        ),
     ],
 )  # fmt: skip
 def test_client_errors_stay_400(harness: Harness, path: str, body: dict, param: str | None) -> None:
