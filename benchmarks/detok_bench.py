@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
-from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
-from pyfront.server.text import DetokenizerFactory, TextStream, get_factory
+from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
+from pyfront.server.text.detokenizer import DetokenizerFactory, get_factory
+from pyfront.server.text.stream import TextStream
 
 PARAGRAPHS = [
     "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks "

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the server runs it
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
-from pyfront.server.segment_cache import SegmentTokenizer
+from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
+from pyfront.server.text.segment_cache import SegmentTokenizer
 
 
 def _words(text: str) -> list[str]:

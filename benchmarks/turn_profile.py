@@ -5,8 +5,8 @@ user message of ~``--turn-tokens`` tokens of English prose and the assistant's p
 at turn 50. It replays turns 1..T-1 through the server's own code (so the segment cache and the hash memo are warm
 as in a server that saw them), then times every stage of turn T, ``--repeats`` times, and prints the medians:
 
-    decode body     openai_types.decode_chat_request (bodies > 256 KiB: on a worker thread in the server)
-    message dicts   serving._message_dicts
+    decode body     decode_chat_request (bodies > 256 KiB: on a worker thread in the server)
+    message dicts   message_dicts
     render          Tokenizer.render_chat (transformers' apply_chat_template, jinja)
     tokenize        SegmentTokenizer.encode of the rendered prompt, the cache as after turn T-1 (restored before
                     every repeat): encodes the new user message and the last reply, the rest are hits
@@ -47,7 +47,7 @@ def _import_project(src: str | None) -> None:
     root = str(Path(src).resolve()) if src else str(Path(__file__).resolve().parent.parent)
     sys.path.insert(0, root)
     global body, english_messages, codec, DEFAULT_WORD_IDS, EngineCoreRequest, HashConfig, PrefixMemo, pack_header
-    global openai_types, serving, ensure_qwen3_tokenizer, build_sampling_params, Tokenizer
+    global decode_chat_request, message_dicts, ensure_qwen3_tokenizer, build_sampling_params, Tokenizer
     from benchmarks.loadgen import body, english_messages
     from pyfront.engine_client import codec
     from pyfront.engine_client.mock_engine import DEFAULT_WORD_IDS
@@ -55,13 +55,23 @@ def _import_project(src: str | None) -> None:
     from pyfront.hashing import HashConfig
     from pyfront.hashing.memo import PrefixMemo
     from pyfront.hashing.wire import pack_header
-    from pyfront.server import openai_types, serving
-    from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
-    from pyfront.server.sampling import build_sampling_params
-    from pyfront.server.tokenizer import Tokenizer
 
-    if not Path(sys.modules["pyfront.server.tokenizer"].__file__).resolve().is_relative_to(root):
-        raise SystemExit(f"imported the project from {sys.modules['pyfront.server.tokenizer'].__file__}, not {root}")
+    try:  # the layout since the architecture issue
+        from pyfront.server.chat.render import message_dicts
+        from pyfront.server.generate.sampling import build_sampling_params
+        from pyfront.server.openai.decode import decode_chat_request
+        from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
+        from pyfront.server.text.tokenizer import Tokenizer
+    except ImportError:  # an older tree (--src): one module per step
+        from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer  # type: ignore[no-redef]
+        from pyfront.server.openai_types import decode_chat_request  # type: ignore[no-redef]
+        from pyfront.server.sampling import build_sampling_params  # type: ignore[no-redef]
+        from pyfront.server.serving import _message_dicts as message_dicts  # type: ignore[no-redef]
+        from pyfront.server.tokenizer import Tokenizer  # type: ignore[no-redef]
+
+    where = sys.modules[Tokenizer.__module__].__file__
+    if not Path(where).resolve().is_relative_to(root):
+        raise SystemExit(f"imported the project from {where}, not {root}")
 
 
 def _checked_chain(memo: Any) -> Callable[[list[int]], bytes]:
@@ -155,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         if k == a.turns:
             state = snapshot(memo)
             seg_state = snapshot_segments(tok)
-        request = openai_types.decode_chat_request(raw)
-        messages = serving._message_dicts(request)
+        request = decode_chat_request(raw)
+        messages = message_dicts(request)
         text = tok.render_chat(messages)
         ids = tok.segments.encode(text)
         chain = chain_of(ids)
@@ -184,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         engine_request.prompt_block_hashes = header + chain
         stages = {
-            "decode body": lambda raw=raw: openai_types.decode_chat_request(raw),
-            "message dicts": lambda request=request: serving._message_dicts(request),
+            "decode body": lambda raw=raw: decode_chat_request(raw),
+            "message dicts": lambda request=request: message_dicts(request),
             "render": lambda messages=messages: tok.render_chat(messages),
             "tokenize": lambda text=text: tok.segments.encode(text),
             "tokenize (hits)": lambda text=text: tok.segments.encode(text),

@@ -575,7 +575,7 @@ def load_word_ids(tokenizer_path: str) -> list[int]:
     """Whole-word token ids of a tokenizer (slow import of transformers: only when asked)."""
     from transformers import AutoTokenizer
 
-    from pyfront.server.bundled_tokenizer import whole_word_token_ids
+    from pyfront.server.text.bundled_tokenizer import whole_word_token_ids
 
     return whole_word_token_ids(AutoTokenizer.from_pretrained(tokenizer_path), 512)
 

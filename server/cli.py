@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 
-from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.config import ServerConfig, resolve_api_keys, tokenizer_problem
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 
 # `vllm serve` flags that configure the engine, not the front end (vLLM's EngineArgs), with vLLM's short
 # aliases: pyfront refuses them by name, so the error says where they belong rather than "unrecognized".
@@ -294,7 +294,7 @@ def _origins(values: list[str]) -> list[str]:
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
     """The settings the flags ask for, or a one-line `SystemExit("pyfront: ...")` saying what to pass instead."""
-    from pyfront.server.parsers import get_reasoning_parser, get_tool_parser
+    from pyfront.server.chat.parsers import get_reasoning_parser, get_tool_parser
 
     try:
         if args.tool_call_parser:

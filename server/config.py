@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, is_bundled_tokenizer_name
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, is_bundled_tokenizer_name
 
 ENV_PREFIX = "PYFRONT_"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

@@ -37,7 +37,7 @@ logger = logging.getLogger("pyfront.launcher")
 
 
 FORCED_EXIT = "pyfront: forced exit (second Ctrl-C)"
-"""The message of the cancel that a second Ctrl-C sends to the requests still running (see app.py)."""
+"""The message of the cancel that a second Ctrl-C sends to the requests still running (see api.lane)."""
 
 
 def _graceful_server_class():  # uvicorn is imported lazily: `pyfront --help` stays fast
@@ -225,7 +225,7 @@ def serve_many(config: ServerConfig) -> None:
     addresses = _client_addresses(config, run_dir)
     mock = None
     if config.mock_engine:
-        from pyfront.server.app import MockEngineProcess
+        from pyfront.server.runtime import MockEngineProcess
 
         mock = MockEngineProcess(config)
     ctx = multiprocessing.get_context("spawn")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyfront.server.openai_types import FunctionDefinition, Tool, tool_dicts
+from pyfront.server.openai.types import FunctionDefinition, Tool, tool_dicts
 from tests.conftest import DATA_DIR
 from tests.test_server import MODEL, Harness, running_harness
 

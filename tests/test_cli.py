@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.cli import ENGINE_SIDE_FLAGS, config_from_args, parse_args
 from pyfront.server.config import ServerConfig, resolve_api_keys
 from pyfront.server.launcher import banner
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.conftest import free_port
 
 PYFRONT = [sys.executable, "-m", "pyfront.server.cli"]

@@ -270,9 +270,9 @@ def test_env_turns_on_feh_and_points_the_cache_at_the_users_home(runtime: Stage)
     builds = [
         n
         for n, ins in enumerate(runtime.instructions)
-        if ins.keyword == "RUN" and "pyfront.server.bundled_tokenizer" in ins.args
+        if ins.keyword == "RUN" and "pyfront.server.text.bundled_tokenizer" in ins.args
     ]
-    assert builds, "the image must build the bundled tokenizer (python -m pyfront.server.bundled_tokenizer)"
+    assert builds, "the image must build the bundled tokenizer (python -m pyfront.server.text.bundled_tokenizer)"
     assert builds[-1] > keywords.index("USER"), "build the tokenizer as the non-root user"
 
 
@@ -646,7 +646,7 @@ def test_replay_entrypoint_serves_passes_its_healthcheck_and_exits_0_on_sigterm(
     assert cmd is not None
     model = replay.path(cmd[0])
     subprocess.run(
-        [python, "-m", "pyfront.server.bundled_tokenizer", model], env=host_env, check=True, capture_output=True
+        [python, "-m", "pyfront.server.text.bundled_tokenizer", model], env=host_env, check=True, capture_output=True
     )
     port = free_port()
     argv = [*runtime.one("ENTRYPOINT").exec_form, *cmd]  # type: ignore[misc]

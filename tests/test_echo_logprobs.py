@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyfront.server.parsers.qwen3_reasoning import Qwen3ReasoningParser
+from pyfront.server.chat.parsers.qwen3_reasoning import Qwen3ReasoningParser
 from tests.test_server import MODEL, Harness, running_harness
 
 PROMPT = "Hello world"  # [9707, 1879] in the Qwen3 vocabulary

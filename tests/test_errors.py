@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from pyfront.engine_client.client import EngineDeadError, EngineUnavailableError
-from pyfront.server import serving
 from pyfront.server.errors import APIError, DeadlineExceeded, RequestValidationError, to_api_error
+from pyfront.server.generate import generation as serving
 from tests.test_server import MODEL, Harness, running_harness
 
 

@@ -10,23 +10,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyfront.server.openai_types import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    RequestValidationError,
-    chat_request_json_schema,
-    completion_prompts,
-    completion_request_json_schema,
+from pyfront.server.errors import RequestValidationError
+from pyfront.server.openai.decode import (
     decode_chat_request,
     decode_completion_request,
     decode_detokenize_request,
     decode_tokenize_request,
-    merged_structured_outputs,
-    message_text,
-    openapi_components,
-    parse_logit_bias,
 )
+from pyfront.server.openai.schema import chat_request_json_schema, completion_request_json_schema, openapi_components
+from pyfront.server.openai.types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    completion_prompts,
+    message_text,
+)
+from pyfront.server.openai.validate import merged_structured_outputs, parse_logit_bias
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

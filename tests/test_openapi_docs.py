@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from pyfront.server import openapi_docs
+from pyfront.server.api import openapi as openapi_docs
 from tests.test_server import MODEL, Harness, running_harness
 
 

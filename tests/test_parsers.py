@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyfront.server.parsers import (
+from pyfront.server.chat.parsers import (
     REASONING_PARSERS,
     TOOL_PARSERS,
     HermesToolParser,
@@ -39,9 +39,9 @@ from pyfront.server.parsers import (
     get_tool_parser,
     make_tool_call_id,
 )
-from pyfront.server.parsers.json_stream import ArgumentsReader, CallObjectReader, JsonValueReader
-from pyfront.server.parsers.tool_calls import CallBody, TaggedToolCallParser, partial_tag_overlap
-from pyfront.server.parsers.tool_choice import (
+from pyfront.server.chat.parsers.json_stream import ArgumentsReader, CallObjectReader, JsonValueReader
+from pyfront.server.chat.parsers.tool_calls import CallBody, TaggedToolCallParser, partial_tag_overlap
+from pyfront.server.chat.parsers.tool_choice import (
     NamedToolCallParser,
     RequiredToolCallsParser,
     constrained_tool_call_parser,
@@ -311,7 +311,7 @@ def parse_pipeline(parser: OutputParser, text: str) -> Result:
 def tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+    from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
 
     return AutoTokenizer.from_pretrained(str(ensure_qwen3_tokenizer()), local_files_only=True)
 

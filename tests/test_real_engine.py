@@ -43,7 +43,7 @@ from pyfront.engine_client.client import EngineClient, EngineClientConfig
 from pyfront.engine_client.mock_engine import DEFAULT_WORD_IDS
 from pyfront.engine_client.protocol import EngineCoreRequest, FinishReason, RequestOutputKind, SamplingParams
 from pyfront.hashing import HashConfig, block_hashes, default_none_hash
-from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
 from tools.real_engine import engine as real_engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

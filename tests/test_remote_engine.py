@@ -17,7 +17,7 @@ import uuid
 import httpx
 import pytest
 
-from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.conftest import free_port
 
 FRONT_ADDR = "10.213.77.1"

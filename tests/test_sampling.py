@@ -19,23 +19,18 @@ from hypothesis import strategies as st
 from pyfront.engine_client.codec import decode_request, encode_add
 from pyfront.engine_client.protocol import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from pyfront.engine_client.validation import validate_sampling_params
-from pyfront.server.openai_types import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    RequestValidationError,
-    decode_chat_request,
-    decode_completion_request,
-)
-from pyfront.server.sampling import (
-    build_sampling_params,
+from pyfront.server.errors import RequestValidationError
+from pyfront.server.generate.sampling import build_sampling_params, child_params
+from pyfront.server.generate.structured_outputs import (
     check_json_nesting,
-    child_params,
     choice_as_grammar,
-    generation_defaults_from_config,
     grammar_is_likely_lark,
     has_xgrammar_unsupported_json_features,
     resolve_structured_outputs,
 )
+from pyfront.server.openai.decode import decode_chat_request, decode_completion_request
+from pyfront.server.openai.types import ChatCompletionRequest, CompletionRequest
+from pyfront.server.text.tokenizer import generation_defaults_from_config
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 QWEN_EOS = 151645
@@ -1036,9 +1031,8 @@ def test_server_applies_every_generation_config_key_vllm_applies(tmp_path) -> No
     import json
     import shutil
 
-    from pyfront.server.bundled_tokenizer import resolve_tokenizer_name
-    from pyfront.server.sampling import GENERATION_CONFIG_KEYS
-    from pyfront.server.tokenizer import Tokenizer
+    from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
+    from pyfront.server.text.tokenizer import GENERATION_CONFIG_KEYS, Tokenizer
 
     assert GENERATION_CONFIG_KEYS == VLLM_GENERATION_CONFIG_KEYS
     model = tmp_path / "model"

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyfront.server.segment_cache import SegmentTokenizer
+from pyfront.server.text.segment_cache import SegmentTokenizer
 from tests.tokenizers_offline import STYLES, build_backend, build_tokenizer, render_chat
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,7 +36,7 @@ PROPERTY = settings(
 def qwen() -> Any:
     from transformers import AutoTokenizer
 
-    from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+    from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
 
     return AutoTokenizer.from_pretrained(ensure_qwen3_tokenizer(), local_files_only=True)
 

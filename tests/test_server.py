@@ -18,8 +18,8 @@ import uvicorn
 
 from pyfront.engine_client.mock_engine import MockConfig, MockEngine
 from pyfront.server.app import create_app
-from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.config import ServerConfig
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.conftest import free_port
 
 MODEL = "qwen3-test"
@@ -445,8 +445,8 @@ def test_finish_reason_names_come_from_the_protocol(harness: Harness, reason: in
     from unittest import mock
 
     from pyfront.engine_client.protocol import EngineCoreOutput, finish_reason_name
-    from pyfront.server import serving
-    from pyfront.server.text import TextStream
+    from pyfront.server.generate import generation as serving
+    from pyfront.server.text.stream import TextStream
 
     generation = object.__new__(serving.Generation)
     generation.state = mock.MagicMock()

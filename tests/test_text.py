@@ -16,19 +16,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyfront.engine_client.protocol import PlainLogprobs
-from pyfront.server.text import (
-    LOGPROB_FLOOR,
+from pyfront.server.text.detokenizer import (
     DetokenizerFactory,
     FastIncrementalDetokenizer,
     IncrementalDetokenizer,
     SlowIncrementalDetokenizer,
-    TextStream,
+    get_factory,
+)
+from pyfront.server.text.logprobs import (
+    LOGPROB_FLOOR,
     chat_logprobs_content,
     completion_logprobs,
-    get_factory,
     next_text_offset,
     token_text,
 )
+from pyfront.server.text.stream import TextStream
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -62,7 +64,7 @@ SAMPLES = [
 def tok():
     from transformers import AutoTokenizer
 
-    from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+    from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
 
     return AutoTokenizer.from_pretrained(str(ensure_qwen3_tokenizer()), local_files_only=True)
 

@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from pyfront.engine_client.mock_engine import MockConfig, MockEngine
-from pyfront.server.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from pyfront.server.cli import build_parser, config_from_args
 from pyfront.server.config import ServerConfig
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.conftest import free_port
 from tests.test_server import API_KEY, MODEL, start_server
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyfront.hashing import PrefixMemo, PromptHasher
-from pyfront.server.segment_cache import _ASCII_PRE_TOKENIZERS, SegmentTokenizer, _SplitToken
+from pyfront.server.text.segment_cache import _ASCII_PRE_TOKENIZERS, SegmentTokenizer, _SplitToken
 from tests.test_hashing import config, reference_block_hashes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -195,7 +195,7 @@ def test_prompt_hasher_passes_checked() -> None:
 def qwen() -> Any:
     from transformers import AutoTokenizer
 
-    from pyfront.server.bundled_tokenizer import ensure_qwen3_tokenizer
+    from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
 
     return AutoTokenizer.from_pretrained(ensure_qwen3_tokenizer(), local_files_only=True)
 
@@ -342,7 +342,7 @@ def test_word_path_off_where_it_would_not_be_exact() -> None:
 
 
 def test_word_path_self_check_catches_a_wrong_transcription(monkeypatch) -> None:
-    import pyfront.server.segment_cache as segment_cache
+    import pyfront.server.text.segment_cache as segment_cache
 
     regex = qwen_backend_json()["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
     wrong = dict(segment_cache._ASCII_PRE_TOKENIZERS)
@@ -358,7 +358,7 @@ def test_word_path_self_check_catches_a_wrong_transcription(monkeypatch) -> None
 
 @cache
 def server_tokenizer() -> Any:
-    from pyfront.server.tokenizer import Tokenizer
+    from pyfront.server.text.tokenizer import Tokenizer
 
     return Tokenizer("pyfront/qwen3-tokenizer")
 
@@ -469,7 +469,7 @@ def test_fast_render_falls_back_where_it_does_not_apply() -> None:
     assert fast.render(messages, *args, {"tokenize": True}) is None  # a wrapper parameter as template variable
     assert fast.render(messages, *args, {"messages": []}) is None
     # Through render_chat: the same text as apply_chat_template, and its errors as TokenizerError.
-    from pyfront.server.tokenizer import TokenizerError
+    from pyfront.server.text.tokenizer import TokenizerError
 
     expected = tok.hf.apply_chat_template(messages, continue_final_message=True, tokenize=False)
     assert tok.render_chat(messages, add_generation_prompt=False, continue_final_message=True) == expected
@@ -478,7 +478,7 @@ def test_fast_render_falls_back_where_it_does_not_apply() -> None:
 
 
 def test_fast_render_self_check_turns_it_off(monkeypatch) -> None:
-    import pyfront.server.tokenizer as tokenizer_module
+    import pyfront.server.text.tokenizer as tokenizer_module
 
     tok = server_tokenizer()
     original = tokenizer_module._FastChatRender.render

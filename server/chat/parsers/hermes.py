@@ -6,7 +6,7 @@ The model writes each call as::
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-Each block's JSON is read by :class:`~pyfront.server.parsers.json_stream.CallObjectReader`: the
+Each block's JSON is read by :class:`~pyfront.server.chat.parsers.json_stream.CallObjectReader`: the
 call starts when ``"name"`` is read, and the ``"arguments"`` object streams in canonical
 form (``json.dumps(arguments, ensure_ascii=False)``, what vLLM's non-streaming Hermes
 parser returns), so the streamed fragments always concatenate to the final arguments.
@@ -15,8 +15,8 @@ The rules for text around and between blocks are :class:`TaggedToolCallStream`'s
 
 from __future__ import annotations
 
-from pyfront.server.parsers.json_stream import CallObjectReader
-from pyfront.server.parsers.tool_calls import CallBody, TaggedToolCallParser
+from pyfront.server.chat.parsers.json_stream import CallObjectReader
+from pyfront.server.chat.parsers.tool_calls import CallBody, TaggedToolCallParser
 
 __all__ = ["HermesToolParser"]
 

@@ -8,7 +8,7 @@ the same reasoning and content.
 
 :class:`ThinkTagReasoningParser` is the common ``<think>...</think>`` scheme; a model
 family with other tags or rules is a subclass in its own small file (see
-:mod:`pyfront.server.parsers.qwen3_reasoning`).
+:mod:`pyfront.server.chat.parsers.qwen3_reasoning`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
 
-from pyfront.server.parsers.tool_calls import partial_tag_overlap
+from pyfront.server.chat.parsers.tool_calls import partial_tag_overlap
 
 __all__ = ["ReasoningDelta", "ReasoningParser", "ReasoningStream", "ThinkTagReasoningParser", "ThinkTagReasoningStream"]
 

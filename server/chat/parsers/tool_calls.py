@@ -14,7 +14,7 @@ between a start and an end tag (Hermes ``<tool_call>...</tool_call>``, Qwen3-Cod
 inside the same tags): finding the tags at any split, holding back a partial tag, the
 whitespace rules for the content around calls, and turning a block that is not a call
 back into content. A format supplies only a :class:`CallBody`, the reader of one
-block's inside; see :mod:`pyfront.server.parsers.hermes`.
+block's inside; see :mod:`pyfront.server.chat.parsers.hermes`.
 
 The rules, for every tag-delimited format:
 

@@ -1,0 +1,67 @@
+"""POST /v1/chat/completions: parse -> render and tokenize -> output plan -> engine -> JSON or SSE."""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+from starlette.responses import Response
+
+from pyfront.server.api.chat.convert import chat_full
+from pyfront.server.api.chat.frames import ChatFrames, chat_stream
+from pyfront.server.api.push import PushStream
+from pyfront.server.api.request import RequestHeaders, decode_body, log_request
+from pyfront.server.api.responses import EncodedJSON, id_headers
+from pyfront.server.api.sse import SSEResponse
+from pyfront.server.chat.plan import plan_output_parsing
+from pyfront.server.chat.render import render_chat
+from pyfront.server.config import ServerConfig
+from pyfront.server.generate.generation import prepare
+from pyfront.server.generate.ids import base_request_id
+from pyfront.server.openai.decode import decode_chat_request
+from pyfront.server.state import ServingState
+
+_encode = msgspec.json.encode
+
+
+async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, headers: RequestHeaders) -> Response:
+    """POST /v1/chat/completions: parse -> render/tokenize -> engine -> a JSON or SSE response."""
+    body = await decode_body(
+        functools.partial(decode_chat_request, allow_request_chat_template=state.allow_request_chat_template),
+        raw,
+    )
+    model = state.check_model(body.model)
+    state.require_engine()
+    deadline = state.deadline(headers.timeout)
+    admission = state.admit(body.n or 1)
+    try:
+        prompt_text, prompt_ids, hashes = await render_chat(state, body, hash_prompt=True)
+        plan = plan_output_parsing(state, body, prompt_text)
+        base = base_request_id(headers.request_id, body.request_id)
+        response_id = f"chatcmpl-{base}"
+        if config.enable_log_requests:
+            log_request(response_id, "/v1/chat/completions", len(prompt_ids), body)
+        generation = await prepare(
+            state,
+            body,
+            prompt_ids,
+            base_id=response_id,
+            streaming=bool(body.stream),
+            deadline=deadline,
+            plan=plan,
+            prompt_block_hashes=hashes,
+        )
+        response_headers = id_headers(config, base)
+        if body.stream:
+            streamed, admission = admission, None
+            if len(generation.choices) == 1:
+                frames = ChatFrames(state, body, generation, response_id, model)
+                pusher = PushStream(state, generation, frames)
+                return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
+            stream = chat_stream(state, body, generation, response_id, model)
+            return SSEResponse(stream, response_headers, on_close=streamed.release)
+        result = await chat_full(state, body, generation, response_id, model)
+        return EncodedJSON(_encode(result), response_headers)
+    finally:
+        if admission is not None:
+            admission.release()

@@ -1,0 +1,127 @@
+"""The fast lane: the two completion routes straight from the server, around FastAPI's own stack."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pyfront.server.api.chat.handler import chat_response
+from pyfront.server.api.completions.handler import completion_response
+from pyfront.server.api.request import RequestHeaders, read_body
+from pyfront.server.api.responses import exception_response
+from pyfront.server.api.sse import DONE_FRAME
+from pyfront.server.config import ServerConfig
+from pyfront.server.errors import (
+    error_response,
+    sse_error_frame,
+)
+from pyfront.server.launcher import FORCED_EXIT
+from pyfront.server.state import ServingState
+
+
+class FastLane:
+    """POST /v1/chat/completions and /v1/completions straight from the server, around FastAPI's stack.
+
+    These two routes carry every token; through FastAPI each `send` of a streamed frame passed several
+    middleware wrappers (error, exception, body-limit and telemetry layers) and each request a dozen
+    more calls. Here a request costs one dispatch and frames go to the server's own `send`. Behaviour is
+    the same as through FastAPI: the same handlers (chat_response / completion_response), the same
+    user middleware (api.middleware, wrapped around this lane by PyfrontApp), and errors
+    mapped to the same OpenAI error bodies (`exception_response`).
+    """
+
+    def __init__(self, state: ServingState, config: ServerConfig) -> None:
+        self.state = state
+        self.config = config
+        self.handlers = {"/v1/chat/completions": chat_response, "/v1/completions": completion_response}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.state
+        try:
+            raw = await read_body(receive)
+            if raw is None:
+                return  # the client left before sending its body
+            response = await self.handlers[scope["path"]](state, self.config, raw, RequestHeaders(scope))
+        except Exception as exc:
+            response = exception_response(state, exc)
+        await response(scope, receive, send)
+
+
+class PyfrontApp(FastAPI):
+    """FastAPI, except that the two completion routes take the FastLane, behind the same user middleware.
+
+    Starlette builds its middleware stack once, on the first call (and refuses `add_middleware` after
+    that); `build_middleware_stack` wraps the lane in the same `user_middleware` list at the same moment,
+    so whatever middleware the application has, given as `middleware=` or added with `add_middleware`,
+    runs on the fast lane too, in the same order.
+    """
+
+    def __init__(self, lane: FastLane, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lane = lane
+        self.fast_paths = frozenset(lane.handlers)
+        self.fast_lane: ASGIApp | None = None
+        """The lane inside the user middleware; built with the stack."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        lane: ASGIApp = self.lane
+        for cls, args, kwargs in reversed(self.user_middleware):
+            lane = cls(lane, *args, **kwargs)
+        self.fast_lane = lane
+        return super().build_middleware_stack()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if self.middleware_stack is None:
+                self.middleware_stack = self.build_middleware_stack()
+            if (
+                self.fast_lane is not None
+                and scope["type"] == "http"
+                and scope["method"] == "POST"
+                and scope["path"] in self.fast_paths
+            ):
+                await self.fast_lane(scope, receive, send)
+                return
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError as exc:
+            reason = _SHUTDOWN_CANCELS.get(exc.args[0]) if exc.args and scope["type"] == "http" else None
+            if reason is None:
+                raise
+            await _end_cut_response(scope, send, reason)
+
+
+_SHUTDOWN_CANCELS = {
+    "Task cancelled, timeout graceful shutdown exceeded": "the shutdown drain timeout passed",
+    FORCED_EXIT: "forced exit",
+}
+"""The cancels that end a shutdown, by message: uvicorn's when the drain times out, pyfront's on a second Ctrl-C.
+
+uvicorn logs one line for the first ("Cancel N running task(s), timeout graceful shutdown exceeded"); the
+requests it cuts end here quietly, instead of as one "Exception in ASGI application" traceback each.
+"""
+
+
+async def _end_cut_response(scope: Scope, send: Send, reason: str) -> None:
+    """End a request cut by shutdown: a 503 if nothing was sent yet, else an SSE error event and the end of the body.
+
+    The server's `send` says which: it refuses a second response start.
+    """
+    current = asyncio.current_task()
+    if current is not None:
+        current.uncancel()
+    message = f"server shutting down: request cut ({reason})"
+    with contextlib.suppress(OSError, RuntimeError):  # the client may be gone too
+        try:
+            await error_response(503, message)(scope, _disconnected, send)
+        except RuntimeError:  # the response had started: a stream
+            cut = sse_error_frame(503, message) + DONE_FRAME
+            await send({"type": "http.response.body", "body": cut, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected() -> Message:
+    return {"type": "http.disconnect"}

@@ -1,0 +1,418 @@
+"""One request's engine requests: sampling params -> EngineCoreRequests -> outputs folded into choices.
+
+`prepare` builds the sampling parameters and starts a `Generation` (n choices, one engine request each);
+`Generation.on_output` folds each engine output into its `Choice` (text, logprobs, finish) and
+`Generation.batches` yields the outputs as they arrive. Whatever ends a request, `abort` finishes
+every engine request it started. The routes turn choices into OpenAI bodies (server/api).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from pyfront.engine_client.client import (
+    RequestAbortedError,
+    RequestStream,
+)
+from pyfront.engine_client.protocol import (
+    EngineCoreOutput,
+    EngineCoreRequest,
+    FinishReason,
+    SamplingParams,
+    StructuredOutputsParams,
+    finish_reason_name,
+)
+from pyfront.server.chat.plan import OutputPlan
+from pyfront.server.errors import APIError, DeadlineExceeded
+from pyfront.server.generate.ids import engine_request_id
+from pyfront.server.generate.merge import merge
+from pyfront.server.generate.sampling import build_sampling_params, child_params
+from pyfront.server.generate.structured_outputs import resolve_structured_outputs
+from pyfront.server.openai.types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from pyfront.server.state import ServingState
+from pyfront.server.text.detokenizer import PROMPT_TAIL_TOKENS, get_factory
+from pyfront.server.text.logprobs import (
+    prompt_logprobs_entries,
+)
+from pyfront.server.text.stream import TextStream
+
+logger = logging.getLogger("pyfront.server")
+
+
+@dataclass(slots=True)
+class Choice:
+    """One choice of a response: its engine request and the text assembled from its outputs."""
+
+    index: int
+    request_id: str
+    text: TextStream
+    stream: RequestStream | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs_rows: list = field(default_factory=list)
+    """One ``(ids, logprobs, rank)`` row per sampled token, appended as outputs arrive (never rebuilt)."""
+    prompt_rows: list | None = None
+    """The prompt-logprob rows (positions 1..L-1) when the request asked for them, gathered over outputs."""
+    cached_tokens: int | None = None
+    """The engine's prefill stats for this choice (None until reported): prompt tokens found in the cache..."""
+    cache_creation_tokens: int | None = None
+    """...and prompt tokens computed and written to it."""
+    done: bool = False
+    parsed: Any = None
+    """The choice's OutputStream (reasoning / tool calls) when the request uses parsers."""
+    logprob_context: list[int] = field(default_factory=list)
+    """The last sampled ids, so a character split over streamed chunks shows as vLLM shows it."""
+    text_offset: int = 0
+    generation: Generation | None = None
+    """The Generation this choice belongs to (a completions request has one per prompt)."""
+    number: int = 0
+    """The choice's index in the response: `index`, or for several completion prompts prompt * n + index."""
+
+
+def usage_body(
+    prompt: int, completion: int, details: dict[str, Any] | None, reasoning: int | None, *, nulls: bool
+) -> dict[str, Any]:
+    """`usage` as vLLM 0.32 dumps its UsageInfo: field order prompt, total, completion, then the details.
+
+    Non-streamed answers dump every field (`nulls=True`: absent details are `null`); the final usage chunk
+    of a stream drops the Nones (`model_dump_json(exclude_none=True)`), inside `details` too. `details`
+    (`prompt_tokens_details`) is given only with --enable-prompt-tokens-details; `reasoning` only with a
+    reasoning parser.
+    """
+    body: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+    body["completion_tokens"] = completion
+    if details is not None:
+        body["prompt_tokens_details"] = details if nulls else {k: v for k, v in details.items() if v is not None}
+    elif nulls:
+        body["prompt_tokens_details"] = None
+    if reasoning is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    elif nulls:
+        body["completion_tokens_details"] = None
+    return body
+
+
+class Generation:
+    """The engine requests behind one HTTP request (n choices), and their clean-up."""
+
+    def __init__(
+        self,
+        state: ServingState,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        base_id: str,
+        *,
+        cache_salt: str | None,
+        priority: int,
+        n: int,
+        text_factory,
+        external_id: str,
+        deadline: float | None = None,
+        keepalive: float | None = None,
+        prompt_block_hashes: bytes | None = None,
+    ) -> None:
+        self.state = state
+        self.prompt_block_hashes = prompt_block_hashes
+        """Block hashes computed with the prompt (render_chat), or None: the engine client hashes."""
+        self.deadline = deadline
+        """time.monotonic() after which the request is aborted and answered with an error."""
+        self.keepalive = keepalive
+        """Seconds without output after which the stream gets a keep-alive tick (None in the events)."""
+        self.engine = state.require_engine()
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.cache_salt = cache_salt
+        self.priority = priority
+        self.external_id = external_id
+        internal = engine_request_id(base_id)
+        ids = [internal] if n == 1 else [f"{i}_{internal}" for i in range(n)]
+        tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
+        self.choices = [Choice(i, rid, text_factory(tail), generation=self, number=i) for i, rid in enumerate(ids)]
+        self.arrival = time.time()
+        self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.last_output_at = self.started
+        self.plan: OutputPlan | None = None
+
+    async def start(self) -> None:
+        """Send every choice's engine request; n > 1 children share one set of block hashes."""
+        engine = self.engine
+        hashes = self.prompt_block_hashes if engine.hasher is not None else None
+        if hashes is None and len(self.choices) > 1 and engine.hasher is not None:
+            hashes = await engine.hasher.hash_prompt(self.prompt_ids, self.cache_salt, checked=True)
+        try:
+            for choice in self.choices:
+                params = self.params if len(self.choices) == 1 else child_params(self.params, choice.index)
+                request = EngineCoreRequest(
+                    choice.request_id,
+                    self.prompt_ids,
+                    None,
+                    params,
+                    None,
+                    self.arrival,
+                    None,
+                    self.cache_salt,
+                    None,
+                    priority=self.priority,
+                    external_req_id=self.external_id,
+                )
+                choice.stream = await engine.add_request(request, prompt_block_hashes=hashes, trusted=True)
+                hashed = choice.stream is not None and request.prompt_block_hashes is not None
+                self.state.metrics.feh_requests.labels(self.state.metrics.model_name, str(hashed).lower()).inc()
+        except BaseException:
+            await self.abort()
+            raise
+        self.state.metrics.prompt_tokens.inc(len(self.prompt_ids))
+        self.state.metrics.publish_memo()
+
+    async def abort(self) -> None:
+        """Abort every unfinished engine request (shielded: runs inside cancelled scopes too)."""
+        pending = [c.request_id for c in self.choices if not c.done and c.stream is not None]
+        for choice in self.choices:
+            choice.done = True
+        if pending:
+            with anyio.CancelScope(shield=True):
+                await self.engine.abort(pending)
+
+    def on_output(self, choice: Choice, output: EngineCoreOutput) -> str:
+        """Fold one engine output into the choice; returns the text delta to send."""
+        metrics = self.state.metrics
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            metrics.ttft.observe(now - self.started)
+        else:
+            metrics.itl.observe(now - self.last_output_at)
+        self.last_output_at = now
+        if output.prefill_stats is not None:
+            choice.cached_tokens = output.prefill_stats.num_cached_tokens
+            choice.cache_creation_tokens = output.prefill_stats.num_cache_creation_tokens
+        if output.new_logprobs is not None:
+            plain = output.new_logprobs.to_plain()
+            choice.logprobs_rows.extend(zip(plain.token_ids, plain.logprobs, plain.ranks, strict=True))
+        if output.new_prompt_logprobs_tensors is not None:
+            plain = output.new_prompt_logprobs_tensors.to_plain()
+            if choice.prompt_rows is None:
+                choice.prompt_rows = []
+            choice.prompt_rows.extend(zip(plain.token_ids, plain.logprobs, plain.ranks, strict=True))
+        finish = output.finish_reason
+        stop_token = finish == FinishReason.STOP
+        delta = choice.text.add(
+            output.new_token_ids, finished_by_engine=finish is not None, stop_token_finished=stop_token
+        )
+        if choice.text.stopped:
+            choice.finish_reason = "stop"
+            choice.stop_reason = choice.text.stop_reason
+        elif finish is not None:
+            if finish == FinishReason.ERROR:
+                raise APIError(500, "the engine reported an error for this request")
+            choice.finish_reason = finish_reason_name(finish)
+            choice.stop_reason = output.stop_reason
+        if choice.finish_reason is not None and not choice.done:
+            choice.done = True
+            metrics.finished(choice.finish_reason)
+            metrics.generation_tokens.inc(choice.text.num_tokens)
+            if finish is None:  # a stop string ended it here: the engine is still generating
+                asyncio.get_running_loop().create_task(self.engine.abort([choice.request_id]))
+        return delta
+
+    def finish_metrics(self) -> None:
+        self.state.metrics.e2e.observe(time.monotonic() - self.started)
+
+    def prompt_tokens_details(self, *, chat: bool) -> dict[str, Any] | None:
+        """usage.prompt_tokens_details with --enable-prompt-tokens-details, else None.
+
+        The engine's prefill stats, 0 until reported (vLLM's output processor starts every request at 0
+        and updates it from the first output's stats); the largest over n choices. vLLM's chat layer also
+        reports the tokens written to the cache (`created_cache_tokens`), its completions layer does not.
+        """
+        if not self.state.enable_prompt_tokens_details:
+            return None
+        choices = self.choices
+        cached = max((c.cached_tokens for c in choices if c.cached_tokens is not None), default=0)
+        created = max((c.cache_creation_tokens for c in choices if c.cache_creation_tokens is not None), default=0)
+        return {"cached_tokens": cached, "created_cache_tokens": created if chat else None, "multimodal_tokens": None}
+
+    def reasoning_tokens(self, choice: Choice) -> int | None:
+        """Generated tokens that are reasoning (None without --reasoning-parser, as vLLM leaves the field out)."""
+        if self.state.reasoning_parser is None:
+            return None
+        reasoning = self.plan.parser.reasoning if self.plan is not None and self.plan.parser is not None else None
+        if reasoning is None:
+            return 0
+        return reasoning.count_reasoning_tokens(choice.text.token_ids, self.state.tokenizer.token_id)
+
+    def usage(self, *, streamed: bool) -> dict[str, Any]:
+        """The chat answer's usage: the non-streamed body (`streamed=False`) or the final usage chunk."""
+        completion = sum(c.text.num_tokens for c in self.choices)
+        reasoning = None
+        if self.state.reasoning_parser is not None:
+            reasoning = sum(self.reasoning_tokens(c) or 0 for c in self.choices)
+        details = self.prompt_tokens_details(chat=True)
+        return usage_body(len(self.prompt_ids), completion, details, reasoning, nulls=not streamed)
+
+    def choice_usage(self, choice: Choice) -> dict[str, Any]:
+        """`stream_options.continuous_usage_stats`: the choice's own running usage, in vLLM's chunk shape."""
+        completion = choice.text.num_tokens
+        prompt = len(self.prompt_ids)
+        reasoning = self.reasoning_tokens(choice)
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
+            "completion_tokens_details": None if reasoning is None else {"reasoning_tokens": reasoning},
+        }
+
+    def batches(self) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
+        """Every choice's engine outputs as they arrive: one (choice, outputs) item per wake-up.
+
+        An empty list is a keep-alive tick (`keepalive` seconds without output). Consumers stop reading a
+        batch once its choice is done (a final output or a stop string). One async-generator level per
+        wake-up, not per output, whatever n is: the streaming path pays for it once per engine step.
+        """
+        choices = [c for c in self.choices if c.stream is not None]
+        if len(choices) == 1:
+            return self._choice_batches(choices[0])
+        return merge([self._choice_batches(c) for c in choices])
+
+    async def _choice_batches(self, choice: Choice) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
+        """One choice's outputs until its final one; raises DeadlineExceeded at the deadline."""
+        stream = choice.stream
+        assert stream is not None
+        keepalive, deadline = self.keepalive, self.deadline
+        while not choice.done:
+            timeout = keepalive
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineExceeded("the request deadline passed before the engine finished")
+                timeout = remaining if timeout is None else min(timeout, remaining)
+            try:
+                outputs = await stream.drain(timeout)
+            except RequestAbortedError:
+                return  # aborted here (a stop string matched): nothing more to read
+            if outputs:
+                yield choice, outputs
+                # Return after the final output even before the consumer has seen it: with n > 1 this
+                # runs ahead in a pump, and a finished request has nothing more to drain.
+                if any(o.finish_reason is not None for o in outputs):
+                    return
+            elif keepalive is not None:
+                yield choice, outputs
+
+
+def check_prompt_len(state: ServingState, prompt_len: int) -> None:
+    limit = state.max_model_len
+    if limit and prompt_len >= limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+            param="messages",
+        )
+
+
+def make_text_factory(state: ServingState, params: SamplingParams):
+    stop = params.stop if isinstance(params.stop, list) else ([params.stop] if params.stop else [])
+    factory = get_factory(state.tokenizer.hf)
+
+    def make(prompt_tail: Sequence[int]) -> TextStream:
+        return TextStream(
+            factory,
+            stop,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            min_tokens=params.min_tokens,
+            prompt_tail=prompt_tail,
+        )
+
+    return make
+
+
+async def prepare(
+    state: ServingState,
+    request: ChatCompletionRequest | CompletionRequest,
+    prompt_ids: list[int],
+    *,
+    base_id: str,
+    streaming: bool,
+    deadline: float | None = None,
+    plan: OutputPlan | None = None,
+    prompt_block_hashes: bytes | None = None,
+) -> Generation:
+    check_prompt_len(state, len(prompt_ids))
+    tok = state.tokenizer
+    params = build_sampling_params(
+        request,
+        prompt_len=len(prompt_ids),
+        max_model_len=state.max_model_len,
+        eos_token_id=tok.eos_token_id,
+        extra_eos_token_ids=tok.extra_eos_token_ids,
+        vocab_size=tok.vocab_size,
+        generation_defaults=tok.generation_defaults,
+        streaming=streaming,
+        tokenize=lambda text: tok.encode(text, add_special_tokens=False),
+    )
+    if plan is not None and plan.structural_tag is not None:
+        if params.structured_outputs is not None:
+            raise APIError(400, "structured outputs cannot be combined with a forced tool choice", param="tool_choice")
+        params.structured_outputs = resolve_structured_outputs(
+            StructuredOutputsParams(structural_tag=plan.structural_tag)
+        )
+    generation = Generation(
+        state,
+        prompt_ids,
+        params,
+        base_id,
+        cache_salt=request.cache_salt,
+        priority=request.priority or 0,
+        n=request.n or 1,
+        text_factory=make_text_factory(state, params),
+        external_id=base_id,
+        deadline=deadline,
+        keepalive=state.sse_keepalive_s if streaming else None,
+        prompt_block_hashes=prompt_block_hashes,
+    )
+    if plan is not None and plan.parser is not None:
+        for choice in generation.choices:
+            choice.parsed = plan.parser.stream()
+        generation.plan = plan
+    await generation.start()
+    return generation
+
+
+async def fold_outputs(batches: AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]) -> None:
+    """Non-streamed answers: fold every output into its choice until all choices are done."""
+    async for choice, outputs in batches:
+        for output in outputs:
+            if choice.done:
+                break
+            choice.generation.on_output(choice, output)
+
+
+def choice_rows(choice: Choice, start: int = 0) -> list:
+    """Logprob rows of the kept tokens from `start` on (stop strings may have dropped trailing tokens).
+
+    A slice of the rows gathered so far: streaming asks for the new tokens' rows only, so the cost of an
+    output does not grow with the length of the stream.
+    """
+    return choice.logprobs_rows[start : choice.text.num_tokens]
+
+
+def prompt_logprobs(state: ServingState, choice: Choice) -> list | None:
+    """The response's `prompt_logprobs`: None unless the engine was asked for them (prompt_logprobs or echo)."""
+    if choice.generation is None or choice.generation.params.prompt_logprobs is None:
+        return None
+    return prompt_logprobs_entries(state.tokenizer.hf, choice.prompt_rows or ())
