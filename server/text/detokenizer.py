@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -304,10 +304,6 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:  # pragma: no cover - overridden
         raise NotImplementedError
-
-    def push_many(self, token_ids: Iterable[int]) -> str:
-        push = self.push
-        return "".join([push(t) for t in token_ids])
 
     def flush(self) -> str:  # pragma: no cover - overridden
         raise NotImplementedError
