@@ -1,14 +1,20 @@
-"""Shared test setup: the project root on sys.path and the opt-in tiers."""
+"""Shared test setup: the opt-in tiers, the repository paths, free ports and the fixtures several modules use."""
 
 from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-DATA_DIR = Path(__file__).parent / "data"
+if TYPE_CHECKING:
+    from tests.harness import Harness
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = REPO_ROOT / "tests" / "data"
 
 
 def free_port() -> int:
@@ -39,3 +45,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def protocol_vectors() -> dict:
     return json.loads((DATA_DIR / "engine-protocol-vectors.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    """monkeypatch for module-scoped fixtures (pytest's own is function-scoped)."""
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def harness(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """pyfront and a mock engine for the module, with front-end hashing on (VLLM_NATIVE_FEH=1)."""
+    from tests.harness import running_harness
+
+    monkeypatch_module.setenv("VLLM_NATIVE_FEH", "1")
+    with running_harness() as running:
+        yield running

@@ -6,7 +6,7 @@ deployments often run) the pages are blank. The assets come from the `fastapi-of
 
 The completion routes answer with dicts built on the hot path (no pydantic), so their response schemas
 are the msgspec Structs below, used for the document only. They cannot drift unnoticed:
-tests/test_openapi_docs.py decodes real answers into them with unknown fields forbidden.
+tests/server/api/test_openapi_docs.py decodes real answers into them with unknown fields forbidden.
 """
 
 from __future__ import annotations

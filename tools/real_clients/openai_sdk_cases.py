@@ -5,7 +5,7 @@ Runs under the clients venv's python (tools/real_clients/setup_venv.sh). Usage:
     python openai_sdk_cases.py BASE_URL MODEL OUT.json
 
 The cases run in the order of CASES, one request each, so that a mock engine scripted with one output per
-request (in arrival order: tests/test_real_clients.py's SCRIPTED) gives every case its output; the cases
+request (in arrival order: tests/tiers/test_real_clients.py's SCRIPTED) gives every case its output; the cases
 after the scripted ones get the mock's own deterministic tokens. Each result keeps what a client reads
 (text, tool calls, parsed objects, finish reasons, usage, logprobs) and nothing random (ids, timestamps).
 A case that raises is recorded as {"error": TYPE, "message": ...} and the others still run: the test

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run pyfront's opt-in real-client test tier (tests/test_real_clients.py): the openai SDK, lm-eval and
+# Run pyfront's opt-in real-client test tier (tests/tiers/test_real_clients.py): the openai SDK, lm-eval and
 # guidellm against pyfront, next to vLLM 0.32's own front end on the same kind of engine.
 #
 # Usage: tools/real_clients/run_tier.sh [extra pytest args]
@@ -26,4 +26,4 @@ export PYFRONT_CLIENTS_VENV="$clients" PYFRONT_VLLM_VENV="$vllm"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 # -rP: the tests print their figures (lm-eval samples identical per request type, guidellm latencies).
-"$PY" -m pytest -q -rP --real-clients -m real_clients --durations=0 tests/test_real_clients.py "$@"
+"$PY" -m pytest -q -rP --real-clients -m real_clients --durations=0 tests/tiers/test_real_clients.py "$@"

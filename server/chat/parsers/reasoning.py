@@ -180,7 +180,7 @@ class ThinkTagReasoningParser(ReasoningParser):
         families this serves): from ``starts_in_reasoning``, a start tag is skipped, the first end tag
         leaves the reasoning for good. Checked against vLLM 0.32's ``qwen3`` parser
         (``count_reasoning_tokens``) on outputs with and without tags, unfinished reasoning, nested and
-        repeated tags, and thinking off (0); pinned in tests/test_parsers.py.
+        repeated tags, and thinking off (0); pinned in tests/server/chat/test_parsers.py.
         """
         if not self.starts_in_reasoning:
             return 0

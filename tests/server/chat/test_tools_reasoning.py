@@ -14,7 +14,7 @@ from pyfront.server.cli import build_parser, config_from_args
 from pyfront.server.config import ServerConfig
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.conftest import free_port
-from tests.test_server import API_KEY, MODEL, start_server
+from tests.harness import API_KEY, MODEL, start_server
 
 TOOLS = [
     {

@@ -5,7 +5,7 @@ parameters or strict, tool round trips, explicit nulls, names, content parts, re
 continue_final_message, thinking off); tests/data/vllm_chat_render_tokens.json holds the token ids vLLM
 0.32's own front end returns for each from POST /tokenize on the Qwen3 vocabulary and template that
 pyfront bundles (recorded from the real-engine tier's vLLM front end; that tier checks them live again:
-tests/test_real_engine.py::test_chat_rendering_matches_vllm_frontend). A different prompt is a different
+tests/tiers/test_real_engine.py::test_chat_rendering_matches_vllm_frontend). A different prompt is a different
 request to the model: every token must match.
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 from pyfront.server.openai.types import FunctionDefinition, Tool, tool_dicts
 from tests.conftest import DATA_DIR
-from tests.test_server import MODEL, Harness, running_harness
+from tests.harness import MODEL, Harness, running_harness
 
 CASES: dict[str, dict] = json.loads((DATA_DIR / "chat_render_cases.json").read_text())
 VLLM_TOKENS: dict[str, list[int]] = json.loads((DATA_DIR / "vllm_chat_render_tokens.json").read_text())

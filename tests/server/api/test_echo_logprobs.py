@@ -5,7 +5,7 @@ lm-evaluation-harness scores loglikelihoods with `echo: true, logprobs: 1, max_t
 error. The expected numbers here follow from the mock engine's fixed logprob rules (prompt position i scores
 -1.0 - 0.001 i with rank 1 + i % 4; sampled token at position j scores -0.25 - 0.01 (j % 10)); the same
 answers are compared field by field with vLLM's own front end in the real-engine tier
-(tests/test_real_engine.py::test_echo_prompt_logprobs_and_usage_match_vllm_frontend).
+(tests/tiers/test_real_engine.py::test_echo_prompt_logprobs_and_usage_match_vllm_frontend).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from pyfront.server.chat.parsers.qwen3_reasoning import Qwen3ReasoningParser
-from tests.test_server import MODEL, Harness, running_harness
+from tests.harness import MODEL, Harness, running_harness
 
 PROMPT = "Hello world"  # [9707, 1879] in the Qwen3 vocabulary
 

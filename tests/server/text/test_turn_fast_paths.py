@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from pyfront.hashing import PrefixMemo, PromptHasher
 from pyfront.server.text.segment_cache import _ASCII_PRE_TOKENIZERS, SegmentTokenizer, _SplitToken
-from tests.test_hashing import config, reference_block_hashes
+from tests.hashing.test_hashing import config, reference_block_hashes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -17,7 +17,7 @@ from pyfront.engine_client.mock_engine import MockConfig, MockEngine
 from pyfront.server.config import ServerConfig
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.conftest import free_port
-from tests.test_server import API_KEY, MODEL, start_server
+from tests.harness import API_KEY, MODEL, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -1,10 +1,10 @@
 """The opt-in real-client tier: pyfront as third-party clients see it, next to vLLM 0.32's own front end.
 
-Run with ``python -m pytest -q --real-clients -m real_clients tests/test_real_clients.py`` from the repo root
+Run with ``python -m pytest -q --real-clients -m real_clients tests/tiers/test_real_clients.py`` from the repo root
 (or ``tools/real_clients/run_tier.sh``, which sets up both venvs first). The clients live in a venv of their
 own (``tools/real_clients/setup_venv.sh``: ``$PYFRONT_CLIENTS_VENV``, default
 ``~/.cache/pyfront/clients-venv``) and run as subprocesses; the engines, the tiny model and vLLM's front end
-come from the real-engine tier (tests/test_real_engine.py's fixtures and helpers).
+come from the real-engine tier (tests/tiers/test_real_engine.py's fixtures and helpers).
 
 1. The openai SDK (chat, streaming, tool calls, the SDK's stream helper, ``chat.completions.parse`` with a
    pydantic model, completions with echo and logprobs) against pyfront and against vLLM's own front end,
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_real_engine as tier
+from tests.conftest import REPO_ROOT
+from tests.tiers import test_real_engine as tier
 from tools.real_engine import engine as real_engine
 
 pytestmark = pytest.mark.real_clients
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CLIENTS_DIR = REPO_ROOT / "tools" / "real_clients"
 CLIENTS_SETUP_HINT = "run tools/real_clients/setup_venv.sh (it prints the venv path; PYFRONT_CLIENTS_VENV overrides it)"
 CLIENT_TIMEOUT_S = 600.0
