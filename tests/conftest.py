@@ -62,3 +62,9 @@ def harness(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Harness]:
     monkeypatch_module.setenv("VLLM_NATIVE_FEH", "1")
     with running_harness() as running:
         yield running
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """`pytest.mark.anyio` tests run on asyncio, the loop uvicorn and the engine client use."""
+    return "asyncio"

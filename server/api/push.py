@@ -4,21 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from starlette.types import Send
 
-from pyfront.engine_client.client import (
-    RequestAbortedError,
-    release_waiter,
-)
-from pyfront.engine_client.protocol import (
-    EngineCoreOutput,
-)
+from pyfront.engine_client.client import RequestAbortedError, release_waiter
+from pyfront.engine_client.protocol import EngineCoreOutput
 from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME, Frames
 from pyfront.server.errors import DeadlineExceeded, sse_error_frame, to_api_error
-from pyfront.server.generate.generation import Generation
-from pyfront.server.state import ServingState
+from pyfront.server.generate.generation import Choice
+from pyfront.server.metrics import Metrics
+
+
+class OneChoice(Protocol):
+    """What PushStream needs of the request's Generation: one choice with its engine stream, and its timers.
+
+    A Generation is one; tests drive PushStream with a small fake instead (tests/server/api/test_push.py).
+    """
+
+    choices: Sequence[Choice]
+    keepalive: float | None
+    """Seconds without output before a keep-alive comment goes out (None: never)."""
+    deadline: float | None
+    """time.monotonic() at which the request fails with DeadlineExceeded (None: no deadline)."""
+    last_output_at: float
+
+    def finish_metrics(self) -> None: ...
+
+    async def abort(self) -> None:
+        """Abort every unfinished engine request; idempotent, safe inside a cancelled scope."""
+        ...
 
 
 class PushStream:
@@ -34,9 +50,9 @@ class PushStream:
     on an error, and on keep-alive / deadline timers: not once per token.
     """
 
-    def __init__(self, state: ServingState, generation: Generation, frames: Frames) -> None:
+    def __init__(self, generation: OneChoice, frames: Frames, metrics: Metrics) -> None:
         assert len(generation.choices) == 1
-        self.state = state
+        self.metrics = metrics
         self.generation = generation
         self.choice = generation.choices[0]
         self.frames = frames
@@ -47,6 +63,8 @@ class PushStream:
         self._attention: asyncio.Future[None] | None = None
         self._done = False
         self._error: BaseException | None = None
+        self._send_failed = False
+        """`send` raised: the connection is gone, so the stream ends without an error event."""
 
     # -------------------------------------------------- called from the output loop (must not raise)
 
@@ -90,13 +108,14 @@ class PushStream:
             yielded = coro.send(None)
         except StopIteration:
             return
-        except Exception as exc:
+        except Exception as exc:  # the connection failed: the client is gone
+            self._send_failed = True
             if self._error is None:
                 self._error = exc
             self._wake()
             return
         self._pending = (coro, yielded)
-        self.state.metrics.write_waits.inc()
+        self.metrics.write_waits.inc()
         self._wake()
 
     # -------------------------------------------------- the request's task
@@ -132,6 +151,7 @@ class PushStream:
                 break
             except BaseException:
                 self._pending = None
+                self._send_failed = True
                 raise
         self._pending = None
         backlog, self._backlog = self._backlog, []
@@ -200,8 +220,10 @@ class PushStream:
         except BaseException as exc:
             self._done = True
             await generation.abort()
+            if self._send_failed:
+                raise  # nobody to tell: SSEResponse ends a response whose client went away quietly
             error = to_api_error(exc)
-            self.state.metrics.error(error.status)
+            self.metrics.error(error.status)
             if self._pending is not None:
                 self._pending[0].close()
                 self._pending = None

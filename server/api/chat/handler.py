@@ -56,7 +56,7 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
             streamed, admission = admission, None
             if len(generation.choices) == 1:
                 frames = ChatFrames(state, body, generation, response_id, model)
-                pusher = PushStream(state, generation, frames)
+                pusher = PushStream(generation, frames, state.metrics)
                 return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
             stream = chat_stream(state, body, generation, response_id, model)
             return SSEResponse(stream, response_headers, on_close=streamed.release)

@@ -56,7 +56,7 @@ async def completion_response(
             streamed, admission = admission, None
             if len(generations) == 1 and len(generations[0].choices) == 1:
                 frames = CompletionFrames(state, body, batch, response_id, model)
-                pusher = PushStream(state, generations[0], frames)
+                pusher = PushStream(generations[0], frames, state.metrics)
                 return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
             stream = completion_stream(state, body, batch, response_id, model)
             return SSEResponse(stream, response_headers, on_close=streamed.release)

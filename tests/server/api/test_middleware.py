@@ -1,0 +1,80 @@
+"""One middleware list for every route: FastAPI's routes and the fast lane get the same stack, built once.
+
+In-process (httpx's ASGITransport, no lifespan, so no engine: the completion routes answer 503), which is
+enough to see which middleware a request passed through.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pyfront.server.api.middleware import user_middleware
+from pyfront.server.api.middleware.api_key import APIKeyMiddleware
+from pyfront.server.api.middleware.body_limit import BodyLimitMiddleware
+from pyfront.server.api.middleware.request_id import RequestIdHeaderMiddleware
+from pyfront.server.app import create_app
+from pyfront.server.config import ServerConfig
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+
+pytestmark = pytest.mark.anyio
+
+ROUTES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models")]
+
+
+class StampMiddleware:
+    """Adds `x-stamp: <name>` to every response (appends, so the order of several shows)."""
+
+    def __init__(self, app: ASGIApp, name: str) -> None:
+        self.app = app
+        self.name = name.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-stamp", self.name)]}
+            await send(message)
+
+        await self.app(scope, receive, stamped)
+
+
+def config(**overrides: object) -> ServerConfig:
+    return ServerConfig(model=BUNDLED_TOKENIZER_NAME, served_model_name=["m"], **overrides)  # type: ignore[arg-type]
+
+
+def client(app: ASGIApp, **headers: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers)
+
+
+def test_the_list_follows_the_configuration_outermost_first() -> None:
+    assert [m.cls for m in user_middleware(config())] == [BodyLimitMiddleware]
+    full = user_middleware(config(api_key=["k"], enable_request_id_headers=True, allowed_origins=["*"]))
+    names = [m.cls.__name__ for m in full]
+    assert names == ["RequestIdHeaderMiddleware", "BodyLimitMiddleware", "CORSMiddleware", "APIKeyMiddleware"]
+    assert full[0].cls is RequestIdHeaderMiddleware and full[-1].cls is APIKeyMiddleware
+
+
+async def test_add_middleware_covers_the_fast_lane_too() -> None:
+    app = create_app(config())
+    app.add_middleware(StampMiddleware, name="inner")
+    app.add_middleware(StampMiddleware, name="outer")
+    async with client(app) as http:
+        for method, path in ROUTES:
+            response = await http.request(method, path, json={"model": "m", "prompt": "x", "messages": []})
+            assert response.headers.get_list("x-stamp") == ["inner", "outer"], path
+    with pytest.raises(RuntimeError):  # Starlette's rule: the stack is built once, at the first request
+        app.add_middleware(StampMiddleware, name="late")
+
+
+async def test_configured_middleware_runs_on_both_paths() -> None:
+    app = create_app(config(api_key=["secret"], enable_request_id_headers=True, max_request_body_bytes=64))
+    async with client(app) as http:
+        for method, path in ROUTES:
+            refused = await http.request(method, path)
+            assert refused.status_code == 401, path
+            assert refused.json()["error"]["code"] == 401
+            assert refused.headers["x-request-id"]  # request ids are outside the API key check
+        big = await http.post("/v1/completions", content=b"x" * 100, headers={"Authorization": "Bearer secret"})
+        assert big.status_code == 413
+        assert (await http.get("/health")).status_code == 503  # open path: no key needed (and no engine)

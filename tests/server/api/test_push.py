@@ -1,0 +1,228 @@
+"""PushStream on its own: a fake `send` and a fake one-choice generation, no server, no engine.
+
+PushStream drives the server's `send` coroutine by hand from the engine client's output loop; these tests
+pin what that must guarantee whatever `send` does: every frame once and in order, the closing frames last,
+a send that suspends (a slow client) resumed in order with later frames queued behind it, errors turned
+into one SSE error event, and the engine request aborted however the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pyfront.engine_client.client import RequestAbortedError, RequestStream
+from pyfront.engine_client.protocol import EngineCoreOutput, FinishReason
+from pyfront.server.api.push import PushStream
+from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME
+from pyfront.server.metrics import Metrics
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class FakeChoice:
+    stream: RequestStream
+    done: bool = False
+
+
+@dataclass
+class FakeGeneration:
+    """The OneChoice protocol: one choice, its timers, and what abort / finish_metrics were asked."""
+
+    choices: list[FakeChoice]
+    keepalive: float | None = None
+    deadline: float | None = None
+    last_output_at: float = 0.0
+    aborts: int = 0
+    finished: int = 0
+
+    def finish_metrics(self) -> None:
+        self.finished += 1
+
+    async def abort(self) -> None:
+        self.aborts += 1
+        for choice in self.choices:
+            choice.done = True
+
+
+@dataclass
+class FakeFrames:
+    """One frame per output, `tok:<ids>`; the output with a finish reason ends the choice."""
+
+    fail_on: int | None = None
+    seen: list[list[int]] = field(default_factory=list)
+
+    def output(self, choice: Any, output: EngineCoreOutput) -> bytes:
+        self.seen.append(output.new_token_ids)
+        if self.fail_on is not None and output.new_token_ids == [self.fail_on]:
+            raise RuntimeError("frame rendering failed")
+        if output.finish_reason is not None:
+            choice.done = True
+        return f"tok:{output.new_token_ids}\n".encode()
+
+    def closing(self) -> bytes:
+        return b"closing\n" + DONE_FRAME
+
+
+class FakeSend:
+    """The ASGI `send`: records body chunks; `block_at` makes that call (0-based) wait until `release()`."""
+
+    def __init__(self, block_at: int | None = None, fail_at: int | None = None) -> None:
+        self.bodies: list[bytes] = []
+        self.calls = 0
+        self.block_at = block_at
+        self.fail_at = fail_at
+        self.gate: asyncio.Future[None] | None = None
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        call = self.calls
+        self.calls += 1
+        if call == self.fail_at:
+            raise OSError("client went away")
+        if call == self.block_at:
+            self.gate = asyncio.get_running_loop().create_future()
+            await self.gate
+        self.bodies.append(message["body"])
+
+    def release(self) -> None:
+        assert self.gate is not None
+        self.gate.set_result(None)
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.bodies).decode()
+
+
+def output(*ids: int, finish: int | None = None) -> EngineCoreOutput:
+    return EngineCoreOutput("r", list(ids), finish_reason=finish)
+
+
+def setup(**generation: Any) -> tuple[RequestStream, FakeGeneration, Metrics]:
+    stream = RequestStream("r", 0)
+    return stream, FakeGeneration([FakeChoice(stream)], **generation), Metrics("m", lambda: None)
+
+
+def waits(metrics: Metrics) -> float:
+    return metrics.registry.get_sample_value("pyfront:stream_write_waits_total", {"model_name": "m"}) or 0.0
+
+
+async def test_outputs_before_and_after_run_are_written_once_in_order() -> None:
+    stream, generation, metrics = setup()
+    frames = FakeFrames()
+    send = FakeSend()
+    push = PushStream(generation, frames, metrics)
+    stream._push(output(1))  # buffered before the stream listens: taken first by run()
+    task = asyncio.create_task(push.run(send))
+    await asyncio.sleep(0)
+    stream._push(output(2))  # straight from the "output loop" to the listener
+    stream._push(output(3, finish=FinishReason.LENGTH))
+    await asyncio.wait_for(task, 2)
+    assert send.text == "tok:[1]\ntok:[2]\ntok:[3]\nclosing\n" + DONE_FRAME.decode()
+    assert generation.finished == 1
+    assert generation.aborts >= 1  # the final clean-up: nothing is left running
+    assert waits(metrics) == 0
+
+
+async def test_a_send_that_suspends_keeps_later_frames_in_order() -> None:
+    stream, generation, metrics = setup()
+    send = FakeSend(block_at=1)  # the second frame meets a slow client
+    push = PushStream(generation, FakeFrames(), metrics)
+    task = asyncio.create_task(push.run(send))
+    await asyncio.sleep(0)
+    for i in range(1, 5):
+        stream._push(output(i))
+    stream._push(output(5, finish=FinishReason.STOP))
+    await asyncio.sleep(0.01)
+    assert send.bodies == [b"tok:[1]\n"]  # frame 2 waits for the client; 3-5 queue behind it
+    assert not task.done()
+    send.release()
+    await asyncio.wait_for(task, 2)
+    assert send.text == "".join(f"tok:[{i}]\n" for i in range(1, 6)) + "closing\n" + DONE_FRAME.decode()
+    assert waits(metrics) == 1
+
+
+async def test_a_rendering_error_ends_the_stream_with_one_error_event_and_aborts() -> None:
+    stream, generation, metrics = setup()
+    send = FakeSend()
+    push = PushStream(generation, FakeFrames(fail_on=2), metrics)
+    task = asyncio.create_task(push.run(send))
+    await asyncio.sleep(0)
+    stream._push(output(1))
+    stream._push(output(2))
+    stream._push(output(3))  # after the error: dropped
+    await asyncio.wait_for(task, 2)
+    events = re.findall(r"^data: (\{.*\})$", send.text, re.M)
+    assert send.bodies[0] == b"tok:[1]\n"
+    assert len(events) == 1
+    assert json.loads(events[0])["error"]["code"] == 500
+    assert send.text.endswith(DONE_FRAME.decode())
+    assert "tok:[3]" not in send.text
+    assert generation.aborts >= 1
+    assert generation.finished == 0
+
+
+async def test_an_engine_abort_ends_the_stream_normally() -> None:
+    stream, generation, metrics = setup()
+    send = FakeSend()
+    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    stream._push(output(1))
+    stream._fail(RequestAbortedError("aborted"))
+    await asyncio.wait_for(task, 2)
+    assert send.text == "tok:[1]\nclosing\n" + DONE_FRAME.decode()
+
+
+async def test_keepalive_comments_while_the_engine_is_silent() -> None:
+    stream, generation, metrics = setup(keepalive=0.02)
+    generation.last_output_at = time.monotonic()
+    send = FakeSend()
+    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0.09)
+    stream._push(output(1, finish=FinishReason.STOP))
+    await asyncio.wait_for(task, 2)
+    keepalives = send.bodies.count(KEEPALIVE_FRAME)
+    assert keepalives >= 2
+    assert send.bodies[-2:] == [b"tok:[1]\n", b"closing\n" + DONE_FRAME]
+
+
+async def test_the_deadline_fails_the_stream_with_a_timeout_event() -> None:
+    _, generation, metrics = setup(deadline=time.monotonic() + 0.03)
+    send = FakeSend()
+    await asyncio.wait_for(PushStream(generation, FakeFrames(), metrics).run(send), 2)
+    events = re.findall(r"^data: (\{.*\})$", send.text, re.M)
+    assert [json.loads(e)["error"]["code"] for e in events] == [504]
+    assert generation.aborts >= 1
+
+
+async def test_a_client_that_leaves_cancels_the_task_and_aborts_the_engine_request() -> None:
+    stream, generation, metrics = setup()
+    send = FakeSend()
+    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    stream._push(output(1))
+    task.cancel()  # what SSEResponse does on http.disconnect
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert generation.aborts >= 1
+    stream._push(output(2))  # the output loop keeps routing: nothing more is written
+    assert send.bodies == [b"tok:[1]\n"]
+
+
+async def test_a_send_that_fails_stops_writing_and_aborts() -> None:
+    stream, generation, metrics = setup()
+    send = FakeSend(fail_at=1)
+    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    for i in range(1, 4):
+        stream._push(output(i))
+    with pytest.raises(OSError):
+        await asyncio.wait_for(task, 2)  # SSEResponse treats OSError from send as the client gone
+    assert send.bodies == [b"tok:[1]\n"]
+    assert generation.aborts >= 1
