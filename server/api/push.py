@@ -40,7 +40,7 @@ class OneChoice(Protocol):
 class PushStream:
     """A streamed response with one choice, written from the engine client's output loop.
 
-    The general path (chat_stream / completion_stream under SSEResponse) wakes the request's task for
+    The general path (api.streaming.stream_frames under SSEResponse) wakes the request's task for
     every engine output. Here the choice's RequestStream hands each output to `on_output` while the
     engine's batch is routed; it renders the same frames (ChatFrames / CompletionFrames) and writes them
     with the server's `send` at once. Sending a body chunk completes without suspending unless the

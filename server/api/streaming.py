@@ -1,21 +1,41 @@
-"""The general streaming path: engine output batches -> SSE frames, for n > 1 or several prompts.
+"""A streamed answer's SSE response, and the general streaming path (n > 1 or several prompts).
 
-One-choice streams take `api.push.PushStream` instead; both render with the same frames classes
-(`api.chat.frames.ChatFrames`, `api.completions.frames.CompletionFrames`).
+`streamed_response` is the one place that picks the path: one choice is written by `api.push.PushStream`
+from the engine client's output loop; anything else runs `stream_frames` in the request's task. Both render
+with the same frames (`api.chat.frames.ChatFrames`, `api.completions.frames.CompletionFrames`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from pyfront.engine_client.protocol import (
     EngineCoreOutput,
 )
-from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME, Frames
+from pyfront.server.api.push import PushStream
+from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME, Frames, SSEResponse
 from pyfront.server.errors import sse_error_frame, to_api_error
 from pyfront.server.generate.generation import Choice, Generation
 from pyfront.server.state import ServingState
+
+
+def streamed_response(
+    state: ServingState,
+    frames: Frames,
+    generations: list[Generation],
+    batches: Callable[[], AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]],
+    headers: dict[str, str],
+    on_close: Callable[[], None],
+) -> SSEResponse:
+    """The SSE response: PushStream for a single choice, else `stream_frames` over `batches()`.
+
+    `on_close` runs once the response has ended, however it ended (it releases the admission).
+    """
+    if len(generations) == 1 and len(generations[0].choices) == 1:
+        pusher = PushStream(generations[0], frames, state.metrics)
+        return SSEResponse(None, headers, on_close=on_close, pusher=pusher)
+    return SSEResponse(stream_frames(state, batches(), frames, generations), headers, on_close=on_close)
 
 
 async def stream_frames(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from pyfront.engine_client.protocol import (
@@ -10,20 +9,11 @@ from pyfront.engine_client.protocol import (
 )
 from pyfront.server.api.chat.convert import chat_logprobs, parsed_delta, tool_finish_reason
 from pyfront.server.api.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
-from pyfront.server.api.streaming import stream_frames
 from pyfront.server.generate.generation import Choice, Generation, choice_rows
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
 )
 from pyfront.server.state import ServingState
-
-
-def chat_stream(
-    state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
-) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed chat completion (n > 1; one choice takes PushStream)."""
-    frames = ChatFrames(state, request, generation, response_id, model)
-    return stream_frames(state, generation.batches(), frames, [generation])
 
 
 class ChatFrames:

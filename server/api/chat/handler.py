@@ -8,11 +8,10 @@ import msgspec
 from starlette.responses import Response
 
 from pyfront.server.api.chat.convert import chat_full
-from pyfront.server.api.chat.frames import ChatFrames, chat_stream
-from pyfront.server.api.push import PushStream
+from pyfront.server.api.chat.frames import ChatFrames
 from pyfront.server.api.request import RequestHeaders, decode_body, log_request
 from pyfront.server.api.responses import EncodedJSON, id_headers
-from pyfront.server.api.sse import SSEResponse
+from pyfront.server.api.streaming import streamed_response
 from pyfront.server.chat.plan import plan_output_parsing
 from pyfront.server.chat.render import render_chat
 from pyfront.server.config import ServerConfig
@@ -53,13 +52,11 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
         )
         response_headers = id_headers(config, base)
         if body.stream:
-            streamed, admission = admission, None
-            if len(generation.choices) == 1:
-                frames = ChatFrames(state, body, generation, response_id, model)
-                pusher = PushStream(generation, frames, state.metrics)
-                return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
-            stream = chat_stream(state, body, generation, response_id, model)
-            return SSEResponse(stream, response_headers, on_close=streamed.release)
+            streamed, admission = admission, None  # released when the stream ends
+            frames = ChatFrames(state, body, generation, response_id, model)
+            return streamed_response(
+                state, frames, [generation], generation.batches, response_headers, streamed.release
+            )
         result = await chat_full(state, body, generation, response_id, model)
         return EncodedJSON(_encode(result), response_headers)
     finally:

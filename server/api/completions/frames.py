@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from pyfront.engine_client.protocol import (
@@ -10,20 +9,11 @@ from pyfront.engine_client.protocol import (
 )
 from pyfront.server.api.completions.convert import CompletionBatch, completion_choice_logprobs
 from pyfront.server.api.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
-from pyfront.server.api.streaming import stream_frames
 from pyfront.server.generate.generation import Choice, choice_rows
 from pyfront.server.openai.types import (
     CompletionRequest,
 )
 from pyfront.server.state import ServingState
-
-
-def completion_stream(
-    state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
-) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed completion (several prompts or n > 1; one choice takes PushStream)."""
-    frames = CompletionFrames(state, request, batch, response_id, model)
-    return stream_frames(state, batch.batches(), frames, batch.generations)
 
 
 class CompletionFrames:

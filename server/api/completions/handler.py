@@ -6,11 +6,10 @@ import msgspec
 from starlette.responses import Response
 
 from pyfront.server.api.completions.convert import CompletionBatch, completion_full, tokenize_completion_prompts
-from pyfront.server.api.completions.frames import CompletionFrames, completion_stream
-from pyfront.server.api.push import PushStream
+from pyfront.server.api.completions.frames import CompletionFrames
 from pyfront.server.api.request import RequestHeaders, decode_body, log_request
 from pyfront.server.api.responses import EncodedJSON, id_headers
-from pyfront.server.api.sse import SSEResponse
+from pyfront.server.api.streaming import streamed_response
 from pyfront.server.config import ServerConfig
 from pyfront.server.generate.generation import Generation, prepare
 from pyfront.server.generate.ids import base_request_id
@@ -53,13 +52,9 @@ async def completion_response(
         batch = CompletionBatch(generations, echo_texts, body.n or 1, echo_only=echo_only)
         response_headers = id_headers(config, base)
         if body.stream:
-            streamed, admission = admission, None
-            if len(generations) == 1 and len(generations[0].choices) == 1:
-                frames = CompletionFrames(state, body, batch, response_id, model)
-                pusher = PushStream(generations[0], frames, state.metrics)
-                return SSEResponse(None, response_headers, on_close=streamed.release, pusher=pusher)
-            stream = completion_stream(state, body, batch, response_id, model)
-            return SSEResponse(stream, response_headers, on_close=streamed.release)
+            streamed, admission = admission, None  # released when the stream ends
+            frames = CompletionFrames(state, body, batch, response_id, model)
+            return streamed_response(state, frames, generations, batch.batches, response_headers, streamed.release)
         result = await completion_full(state, body, batch, response_id, model)
         return EncodedJSON(_encode(result), response_headers)
     finally:
