@@ -36,6 +36,11 @@ _TYPES = {
 }
 
 
+FORCED_EXIT = "pyfront: forced exit (second Ctrl-C)"
+"""The message of the cancel a second Ctrl-C sends to the requests still running (the launcher sends it,
+api.lane ends those requests with a 503 or an SSE error event instead of a traceback)."""
+
+
 class APIError(Exception):
     """An error the client should see as an OpenAI error object."""
 

@@ -32,12 +32,9 @@ import zmq.asyncio
 
 from pyfront.engine_client.handshake import ClientAddresses, HandshakeError, run_handshake
 from pyfront.server.config import ServerConfig
+from pyfront.server.errors import FORCED_EXIT
 
 logger = logging.getLogger("pyfront.launcher")
-
-
-FORCED_EXIT = "pyfront: forced exit (second Ctrl-C)"
-"""The message of the cancel that a second Ctrl-C sends to the requests still running (see api.lane)."""
 
 
 def _graceful_server_class():  # uvicorn is imported lazily: `pyfront --help` stays fast

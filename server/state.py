@@ -17,7 +17,7 @@ from pyfront.engine_client.client import (
 )
 from pyfront.server.errors import APIError
 from pyfront.server.metrics import Metrics
-from pyfront.server.text.tokenizer import Tokenizer
+from pyfront.server.text.tokenizer import ChatTokenizer
 
 logger = logging.getLogger("pyfront.server")
 
@@ -26,7 +26,7 @@ logger = logging.getLogger("pyfront.server")
 class ServingState:
     """What every request handler needs; one per process, built at start-up."""
 
-    tokenizer: Tokenizer
+    tokenizer: ChatTokenizer
     metrics: Metrics
     model_names: list[str]
     max_model_len_override: int | None

@@ -15,11 +15,7 @@ from pyfront.server.api.request import RequestHeaders, read_body
 from pyfront.server.api.responses import exception_response
 from pyfront.server.api.sse import DONE_FRAME
 from pyfront.server.config import ServerConfig
-from pyfront.server.errors import (
-    error_response,
-    sse_error_frame,
-)
-from pyfront.server.launcher import FORCED_EXIT
+from pyfront.server.errors import FORCED_EXIT, error_response, sse_error_frame
 from pyfront.server.state import ServingState
 
 

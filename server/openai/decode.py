@@ -1,22 +1,13 @@
-"""Request bodies of ``POST /v1/chat/completions`` and ``POST /v1/completions`` as msgspec Structs.
+"""Decoding the OpenAI request bodies: one msgspec pass, then vLLM's request checks, errors as 400s with a param.
 
-Decoding is one msgspec pass (no pydantic) followed by the request-level checks vLLM 0.32's OpenAI
-server makes in its pydantic validators (``vllm/entrypoints/openai/chat_completion/protocol.py``,
-``.../completion/protocol.py``, ``vllm/entrypoints/generate/base/protocol.py``) and the range checks of
-``SamplingParams._verify_args`` that do not depend on the model. Everything that needs the prompt
+Decoding is one msgspec pass (no pydantic) followed by the request-level checks vLLM 0.32's OpenAI server
+makes in its pydantic validators (:mod:`~pyfront.server.openai.validate`). Everything that needs the prompt
 length, the vocabulary or the generation config is checked in :mod:`pyfront.server.generate.sampling`.
+msgspec's messages are translated into vLLM's wording and the failing field becomes the error's ``param``.
 
-Conventions, as in vLLM (pydantic ``extra="allow"``, lax mode):
-
-* unknown fields are ignored (the removed ``guided_decoding_backend`` included); the legacy
-  ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` /
-  ``guided_whitespace_pattern`` are *accepted* and honoured when ``structured_outputs`` and
-  ``response_format`` leave them room (vLLM 0.32 silently ignores them);
-* scalars are decoded leniently: ``"5"`` and ``5.0`` are accepted for an int, ``"0.7"`` for a float,
-  ``"true"``/``1`` for a bool; ``5.5`` for an int is a type error;
-* ``null`` means "not set" wherever vLLM's field is Optional.
-
-Every failure raises :class:`RequestValidationError` (an HTTP 400) with ``param`` naming the field.
+The legacy ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` /
+``guided_whitespace_pattern`` are *accepted* and honoured when ``structured_outputs`` and
+``response_format`` leave them room (vLLM 0.32 silently ignores them).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
 from pyfront.server.text.segment_cache import SegmentTokenizer
@@ -50,6 +50,34 @@ def generation_defaults_from_config(generation_config: Mapping[str, Any]) -> dic
     if "max_new_tokens" in out:
         out["max_tokens"] = out.pop("max_new_tokens")
     return out
+
+
+class ChatTokenizer(Protocol):
+    """What the server uses of its tokenizer: `Tokenizer` is one, and a test may hand the server another.
+
+    The handlers, the chat renderer and the sampling-parameter builder see only these members;
+    `hf` (the transformers tokenizer) feeds the detokenizer and the logprob formatting, which need
+    the full vocabulary anyway.
+    """
+
+    name: str
+    hf: Any
+    vocab_size: int
+    eos_token_id: int | None
+    extra_eos_token_ids: list[int]
+    generation_defaults: dict[str, Any]
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+
+    def token_id(self, token: str) -> int | None:
+        """The id of a token given as text (e.g. ``</think>``), or None."""
+        ...
+
+    def tokenize_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
+        """The rendered prompt and its ids (chat template applied); raises TokenizerError for a 400."""
+        ...
 
 
 class TokenizerError(ValueError):
