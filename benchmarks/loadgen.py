@@ -36,40 +36,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools.real_engine, when run as a script
+
 from httpconn import Conn
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from tools.real_engine.engine import CLK_TCK, all_proc_stats, group_pids, proc_stat
 
 # --------------------------------------------------------------------------------------------- /proc
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode()
-    except OSError:
-        return None
-    return data[data.rindex(")") + 2 :].split()
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            f = _stat_fields(int(entry))
-            if f and int(f[2]) == pgid and f[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
 
 
 def pids_cpu_seconds(pids: list[int]) -> float:
     """utime + stime + cutime + cstime of `pids` (fields 14-17 of /proc/PID/stat), in seconds."""
     ticks = 0
     for pid in pids:
-        f = _stat_fields(pid)
-        if f:
-            ticks += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+        st = proc_stat(pid)
+        if st:
+            ticks += st.utime + st.stime + st.cutime + st.cstime
     return ticks / CLK_TCK
 
 
@@ -123,18 +105,7 @@ class GroupCPU:
 
 def all_processes_cpu() -> dict[int, tuple[int, float, str]]:
     """pid -> (pgid, utime + stime in s, comm) for every process."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    data = f.read().decode(errors="replace")
-            except OSError:
-                continue
-            comm = data[data.index("(") + 1 : data.rindex(")")]
-            fl = data[data.rindex(")") + 2 :].split()
-            out[int(entry)] = (int(fl[2]), (int(fl[11]) + int(fl[12])) / CLK_TCK, comm)
-    return out
+    return {pid: (st.pgid, (st.utime + st.stime) / CLK_TCK, st.comm) for pid, st in all_proc_stats()}
 
 
 def cores_busy_seconds() -> dict[str, float]:
@@ -579,5 +550,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.exit(main())

@@ -49,7 +49,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,9 +60,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from httpconn import Conn, HTTPError
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tools.real_engine, when run as a script
+
+from httpconn import Conn, HTTPError  # noqa: E402
+
+from tools.real_engine.engine import all_proc_stats, free_port, rss_bytes  # noqa: E402
+
 MODEL = "soak"
 EXPECTED_ERRORS: frozenset[str] = frozenset()  # none: every error kind seen is a failure
 # Texts the mock's whole-word tokens produce (" the", " model", " and", " of", ...): some stop strings
@@ -119,22 +122,10 @@ def run_mock_rank(stats_port_file: str, mock_argv: list[str]) -> None:
 # ------------------------------------------------------------------------------------------ processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _children() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            tree.setdefault(ppid, []).append(int(entry))
+    for pid, st in all_proc_stats():
+        tree.setdefault(st.ppid, []).append(pid)
     return tree
 
 
@@ -144,14 +135,8 @@ def tree_rss_mb(pid: int) -> float:
     while todo:
         p = todo.pop()
         todo.extend(tree.get(p, []))
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+        total += rss_bytes(p)
+    return total / 2**20
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 45.0) -> int | None:

@@ -46,8 +46,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 RESERVED_PORTS = frozenset({62100})  # used by other jobs on these machines; never pick it
 
@@ -158,25 +160,50 @@ def _check_port_free(port: int, what: str) -> None:
 # --- process groups ----------------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, pgid) of a process from /proc, or None if it is gone."""
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of ProcStat's CPU times
+
+
+class ProcStat(NamedTuple):
+    """The fields of /proc/PID/stat (proc(5)) that this module and the benchmarks use. CPU times are in
+    CLK_TCK ticks; cutime and cstime count only children that were waited for."""
+
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    utime: int
+    stime: int
+    cutime: int
+    cstime: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """/proc/PID/stat of a process, or None if it is gone. comm may hold spaces and parentheses, so the
+    fields are counted from the last ')'."""
     try:
-        data = Path(f"/proc/{pid}/stat").read_text()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
     except OSError:
         return None
-    fields = data[data.rindex(")") + 2 :].split()
-    return fields[0], int(fields[2])
+    end = data.rindex(")")
+    fields = data[end + 2 :].split()  # fields[0] is field 3 of proc(5), the state
+    state, ppid, pgid = fields[0], int(fields[1]), int(fields[2])
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return ProcStat(data[data.index("(") + 1 : end], state, ppid, pgid, utime, stime, cutime, cstime)
+
+
+def all_proc_stats() -> Iterator[tuple[int, ProcStat]]:
+    """(pid, stat) of every process of the machine; those that end while /proc is read are left out."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st:
+                yield int(entry), st
 
 
 def group_pids(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _proc_stat(int(entry))
-            if st and st[1] == pgid and st[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
+    return sorted(pid for pid, st in all_proc_stats() if st.pgid == pgid and st.state != "Z")
 
 
 def rss_bytes(pid: int) -> int:
