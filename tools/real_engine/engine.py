@@ -317,6 +317,29 @@ def _check_model_dir(model_dir: str | os.PathLike) -> str:
     return str(p.resolve())
 
 
+def _handshake_args(rpc_port: int, local_engines: int) -> list[str]:
+    """The data-parallel flags both sides of the handshake get: one engine in all, its front end on
+    127.0.0.1:rpc_port; `local_engines` is 1 for the headless engine, 0 for a front end."""
+    return [
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(rpc_port),
+        "--data-parallel-size",
+        "1",
+        "--data-parallel-size-local",
+        str(local_engines),
+    ]
+
+
+def _frontend_argv(exe: str, model_dir: str | os.PathLike, rpc_port: int, http_port: int) -> list[str]:
+    """`EXE serve MODEL` as a front end with no local engine: it listens on 127.0.0.1:rpc_port for one
+    headless engine and serves HTTP on 127.0.0.1:http_port. vLLM's Python and Rust front ends take the same
+    flags for this."""
+    model = _check_model_dir(model_dir)
+    return [exe, "serve", model, *_handshake_args(rpc_port, 0), "--host", "127.0.0.1", "--port", str(http_port)]
+
+
 def start_headless_engine(
     model_dir: str | os.PathLike,
     rpc_port: int,
@@ -331,22 +354,8 @@ def start_headless_engine(
     127.0.0.1:rpc_port. It does one handshake; start a fresh one for each front end."""
     if rpc_port in RESERVED_PORTS:
         raise EngineError(f"rpc port {rpc_port} is reserved for other jobs")
-    argv = [
-        _vllm_bin(venv),
-        "serve",
-        _check_model_dir(model_dir),
-        "--headless",
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(rpc_port),
-        "--data-parallel-size",
-        "1",
-        "--data-parallel-size-local",
-        "1",
-        *MODEL_ARGS,
-        *extra_args,
-    ]
+    exe, model = _vllm_bin(venv), _check_model_dir(model_dir)
+    argv = [exe, "serve", model, "--headless", *_handshake_args(rpc_port, 1), *MODEL_ARGS, *extra_args]
     return _spawn("vllm-engine", argv, log_path, rpc_port, None, env, stop_at_exit)
 
 
@@ -365,25 +374,7 @@ def start_vllm_frontend(
     listens on 127.0.0.1:rpc_port for a headless engine and serves HTTP on 127.0.0.1:http_port."""
     _check_port_free(rpc_port, "rpc")
     _check_port_free(http_port, "http")
-    argv = [
-        _vllm_bin(venv),
-        "serve",
-        _check_model_dir(model_dir),
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(rpc_port),
-        "--data-parallel-size",
-        "1",
-        "--data-parallel-size-local",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(http_port),
-        *MODEL_ARGS,
-        *extra_args,
-    ]
+    argv = [*_frontend_argv(_vllm_bin(venv), model_dir, rpc_port, http_port), *MODEL_ARGS, *extra_args]
     return _spawn("vllm-frontend", argv, log_path, rpc_port, http_port, env, stop_at_exit)
 
 
@@ -404,24 +395,7 @@ def start_vllm_rs_frontend(
         raise EngineError(f"{exe} not found; run tools/real_engine/fetch_vllm_rs.sh first")
     _check_port_free(rpc_port, "rpc")
     _check_port_free(http_port, "http")
-    argv = [
-        str(exe),
-        "serve",
-        _check_model_dir(model_dir),
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(rpc_port),
-        "--data-parallel-size",
-        "1",
-        "--data-parallel-size-local",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(http_port),
-        *extra_args,
-    ]
+    argv = [*_frontend_argv(str(exe), model_dir, rpc_port, http_port), *extra_args]
     return _spawn("vllm-rs", argv, log_path, rpc_port, http_port, env, stop_at_exit)
 
 
