@@ -1,4 +1,5 @@
-"""Lean load generator for benchmarks/peers.py: raw asyncio HTTP/1.1 (uvloop when installed), no HTTP library.
+"""Lean load generator for benchmarks/peers.py: raw asyncio HTTP/1.1 (httpconn.py, uvloop when installed), no HTTP
+library.
 
     python benchmarks/loadgen.py SCENARIO --url http://127.0.0.1:PORT --model NAME [options]  -> one JSON object
 
@@ -35,38 +36,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools.real_engine, when run as a script
+
+from httpconn import Conn
+
+from tools.real_engine.engine import CLK_TCK, all_proc_stats, group_pids, proc_stat
 
 # --------------------------------------------------------------------------------------------- /proc
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode()
-    except OSError:
-        return None
-    return data[data.rindex(")") + 2 :].split()
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            f = _stat_fields(int(entry))
-            if f and int(f[2]) == pgid and f[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
 
 
 def pids_cpu_seconds(pids: list[int]) -> float:
     """utime + stime + cutime + cstime of `pids` (fields 14-17 of /proc/PID/stat), in seconds."""
     ticks = 0
     for pid in pids:
-        f = _stat_fields(pid)
-        if f:
-            ticks += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+        st = proc_stat(pid)
+        if st:
+            ticks += st.utime + st.stime + st.cutime + st.cstime
     return ticks / CLK_TCK
 
 
@@ -120,18 +105,7 @@ class GroupCPU:
 
 def all_processes_cpu() -> dict[int, tuple[int, float, str]]:
     """pid -> (pgid, utime + stime in s, comm) for every process."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    data = f.read().decode(errors="replace")
-            except OSError:
-                continue
-            comm = data[data.index("(") + 1 : data.rindex(")")]
-            fl = data[data.rindex(")") + 2 :].split()
-            out[int(entry)] = (int(fl[2]), (int(fl[11]) + int(fl[12])) / CLK_TCK, comm)
-    return out
+    return {pid: (st.pgid, (st.utime + st.stime) / CLK_TCK, st.comm) for pid, st in all_proc_stats()}
 
 
 def cores_busy_seconds() -> dict[str, float]:
@@ -196,77 +170,23 @@ class Window:
 # --------------------------------------------------------------------------------------------- HTTP/1.1
 
 
-class HTTPError(RuntimeError):
-    pass
-
-
 CONTENT_RE = re.compile(rb'"content":\s*"[^"]')
 COMPLETION_TOKENS_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
 CHUNKED_END = b"\r\n0\r\n\r\n"
 
 
-class Conn:
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+async def send_chat(conn: Conn, payload: bytes, request_id: str | None) -> float:
+    """Write one /v1/chat/completions request as loadgen writes all of them (`Accept: */*`, the request id as
+    X-Request-Id); returns the wall time just before the write, where every latency here starts."""
+    await conn.ensure()
+    return await conn.send("POST", "/v1/chat/completions", payload, accept="*/*", request_id=request_id)
 
-    async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.reader = self.writer = None
-
-    def request_bytes(self, path: str, body: bytes, request_id: str | None) -> bytes:
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-            f"Accept: */*\r\nContent-Length: {len(body)}\r\n"
-        )
-        if request_id:
-            head += f"X-Request-Id: {request_id}\r\n"
-        return head.encode() + b"\r\n" + body
-
-    async def read_head(self) -> tuple[int, dict[str, str]]:
-        assert self.reader is not None
-        raw = await self.reader.readuntil(b"\r\n\r\n")
-        lines = raw.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        headers = {}
-        for line in lines[1:]:
-            if ":" in line:
-                k, v = line.split(":", 1)
-                headers[k.strip().lower()] = v.strip()
-        return status, headers
-
-    async def read_body(self, headers: dict[str, str]) -> bytes:
-        assert self.reader is not None
-        if "content-length" in headers:
-            return await self.reader.readexactly(int(headers["content-length"]))
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            parts = []
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                if size == 0:
-                    await self.reader.readuntil(b"\r\n")
-                    return b"".join(parts)
-                parts.append((await self.reader.readexactly(size + 2))[:-2])
-        return await self.reader.read()  # until close
-
-    async def post_json(self, path: str, body: bytes, request_id: str | None = None) -> tuple[float, int, dict, bytes]:
-        """Send one request and read the whole response; returns (send wall time, status, headers, body)."""
-        if self.writer is None:
-            await self.open()
-        assert self.writer is not None
-        data = self.request_bytes(path, body, request_id)
-        sent = time.time()
-        self.writer.write(data)
-        status, headers = await self.read_head()
-        payload = await self.read_body(headers)
-        if headers.get("connection", "").lower() == "close":
-            self.close()
-        return sent, status, headers, payload
+async def post_chat(conn: Conn, payload: bytes, request_id: str | None = None) -> tuple[float, int, bytes]:
+    """One non-streamed chat request, its response read whole: (send wall time, status, body)."""
+    sent = await send_chat(conn, payload, request_id)
+    status, _, body = await conn.read_response(until_close=True)
+    return sent, status, body
 
 
 # --------------------------------------------------------------------------------------------- text
@@ -416,22 +336,20 @@ async def one_stream(host: str, port: int, conn: Conn | None, payload: bytes, ri
     if conn is None:
         conn = Conn(host, port)
         await conn.open()
-    assert conn.reader is not None and conn.writer is not None
-    req = conn.request_bytes("/v1/chat/completions", payload, rid)
     rec: dict[str, Any] = {"id": rid}
     try:
-        sent = time.time()
-        conn.writer.write(req)
+        sent = await send_chat(conn, payload, rid)
         status, headers = await conn.read_head()
         rec["status"] = status
         if status != 200:
-            rec["error"] = (await conn.read_body(headers))[:500].decode(errors="replace")
+            rec["error"] = (await conn.read_body(headers, until_close=True))[:500].decode(errors="replace")
             return rec
         first = None
         parts: list[bytes] = []
         tail = b""
         chunked = headers.get("transfer-encoding", "").lower() == "chunked"
         reader = conn.reader
+        assert reader is not None
         while True:
             data = await reader.read(1 << 16)
             if not data:
@@ -517,7 +435,7 @@ async def scenario_chat(a: argparse.Namespace, host: str, port: int) -> dict[str
         history.append({"role": "user", "content": messages_text[k - 1]})
         payload = body(a.model, history, a.max_tokens, False)
         rid = f"{a.tag}c{k:04d}"
-        sent, status, _, resp = await conn.post_json("/v1/chat/completions", payload, rid)
+        sent, status, resp = await post_chat(conn, payload, rid)
         end = time.time()
         rec: dict[str, Any] = {"turn": k, "id": rid, "sent": sent, "latency": end - sent, "status": status,
                                "body_bytes": len(payload)}  # fmt: skip
@@ -548,10 +466,10 @@ async def scenario_seq(a: argparse.Namespace, host: str, port: int) -> dict[str,
     win.start()
     lat, errors, reconnects, sent_ids = [], [], 0, []
     for i, payload in enumerate(payloads):
-        if conn.writer is None:
+        if not conn.is_open:
             reconnects += 1
         rid = f"{a.tag}q{i:05d}"
-        sent, status, _, resp = await conn.post_json("/v1/chat/completions", payload, rid)
+        sent, status, resp = await post_chat(conn, payload, rid)
         sent_ids.append([rid, sent])
         lat.append(time.time() - sent)
         if status != 200:
@@ -581,9 +499,7 @@ async def scenario_warmup(a: argparse.Namespace, host: str, port: int) -> dict[s
                                     f"{a.tag}w{i:03d}"))  # fmt: skip
     conn = Conn(host, port)
     for i in range(4):
-        _, status, _, resp = await conn.post_json(
-            "/v1/chat/completions", body(a.model, [{"role": "user", "content": CORPUS[i]}], 4, False), None
-        )
+        _, status, resp = await post_chat(conn, body(a.model, [{"role": "user", "content": CORPUS[i]}], 4, False))
         out.append({"status": status, "body": resp[:200].decode(errors="replace")})
     conn.close()
     recs = await asyncio.gather(
@@ -634,5 +550,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.exit(main())

@@ -11,29 +11,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from pyfront.engine_client.client import EngineClient, EngineClientConfig
 from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools.real_engine, when run as a script
+
+from tools.real_engine.engine import CLK_TCK, free_port, proc_stat
 
 
 def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """utime + stime of the running process `pid`."""
+    st = proc_stat(pid)
+    if st is None:
+        raise ProcessLookupError(pid)
+    return (st.utime + st.stime) / CLK_TCK
 
 
 async def run_once(streams: int, tokens: int, step: float) -> tuple[float, float, int]:

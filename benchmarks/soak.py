@@ -13,8 +13,8 @@ Everything runs on 127.0.0.1, and each process runs in its own session:
   that the `mock_stats` utility returns. The utility itself can only be called by the front end that owns
   the engine connection, and pyfront exposes no route for it.
 
-The load comes from `--clients` concurrent clients (a raw asyncio HTTP/1.1 client with keep-alive, so
-disconnects are real socket closes). Each runs a loop bounded in time (`--minutes`) and in count
+The load comes from `--clients` concurrent clients (httpconn.py's raw asyncio HTTP/1.1 client with keep-alive,
+so disconnects are real socket closes). Each runs a loop bounded in time (`--minutes`) and in count
 (`--max-requests` in total). Every request is drawn at random: chat or completions, streamed or not, a
 random max_tokens (mostly short, a few up to 1024), stop strings on some, n=2 and logprobs on a few,
 multi-turn chats that grow (so the FEH prefix memo is hit), and a few prompts of thousands of tokens. About
@@ -49,20 +49,24 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tools.real_engine, when run as a script
+
+from httpconn import Conn, HTTPError  # noqa: E402
+
+from tools.real_engine.engine import all_proc_stats, free_port, rss_bytes  # noqa: E402
+
 MODEL = "soak"
 EXPECTED_ERRORS: frozenset[str] = frozenset()  # none: every error kind seen is a failure
 # Texts the mock's whole-word tokens produce (" the", " model", " and", " of", ...): some stop strings
@@ -118,22 +122,10 @@ def run_mock_rank(stats_port_file: str, mock_argv: list[str]) -> None:
 # ------------------------------------------------------------------------------------------ processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _children() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            tree.setdefault(ppid, []).append(int(entry))
+    for pid, st in all_proc_stats():
+        tree.setdefault(st.ppid, []).append(pid)
     return tree
 
 
@@ -143,14 +135,8 @@ def tree_rss_mb(pid: int) -> float:
     while todo:
         p = todo.pop()
         todo.extend(tree.get(p, []))
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+        total += rss_bytes(p)
+    return total / 2**20
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 45.0) -> int | None:
@@ -165,99 +151,6 @@ def stop_process(proc: subprocess.Popen, timeout: float = 45.0) -> int | None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
     return proc.returncode
-
-
-# ------------------------------------------------------------------------------------------ HTTP client
-
-
-class HTTPError(Exception):
-    """A malformed HTTP response (kind `bad_http`)."""
-
-
-class Conn:
-    """One keep-alive HTTP/1.1 connection to 127.0.0.1:port."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.used = 0
-
-    async def ensure(self) -> None:
-        if self.writer is None or self.writer.is_closing() or self.reader is None or self.reader.at_eof():
-            self.close()
-            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 22)
-            self.used = 0
-
-    def close(self, reset: bool = False) -> None:
-        if self.writer is not None:
-            if reset:
-                self.writer.transport.abort()  # RST
-            else:
-                self.writer.close()  # FIN
-        self.reader = self.writer = None
-
-    async def send(self, method: str, path: str, body: bytes | None = None) -> None:
-        assert self.writer is not None
-        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
-        if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        self.writer.write(head.encode() + b"\r\n" + (body or b""))
-        await self.writer.drain()
-        self.used += 1
-
-    async def head(self) -> tuple[int, dict[str, str]]:
-        assert self.reader is not None
-        line = await self.reader.readline()
-        if not line:
-            raise ConnectionResetError("connection closed before the status line")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise HTTPError(f"bad status line {line[:80]!r}")
-        headers: dict[str, str] = {}
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise HTTPError("connection closed inside the headers")
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        return int(parts[1]), headers
-
-    async def chunks(self, headers: dict[str, str]) -> AsyncIterator[bytes]:
-        """The body, piece by piece: by Content-Length, or chunked transfer encoding."""
-        assert self.reader is not None
-        if "content-length" in headers:
-            yield await self.reader.readexactly(int(headers["content-length"]))
-            return
-        if headers.get("transfer-encoding", "").lower() != "chunked":
-            raise HTTPError(f"neither Content-Length nor chunked: {headers}")
-        while True:
-            size_line = await self.reader.readline()
-            try:
-                size = int(size_line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise HTTPError(f"bad chunk size line {size_line[:40]!r}") from None
-            if size == 0:
-                await self.reader.readline()  # the CRLF after the last chunk (no trailers)
-                return
-            data = await self.reader.readexactly(size)
-            if await self.reader.readexactly(2) != b"\r\n":
-                raise HTTPError("chunk not followed by CRLF")
-            yield data
-
-    async def body(self, headers: dict[str, str]) -> bytes:
-        return b"".join([piece async for piece in self.chunks(headers)])
-
-    async def get_json(self, path: str) -> Any:
-        await self.ensure()
-        await self.send("GET", path)
-        status, headers = await self.head()
-        body = await self.body(headers)
-        if headers.get("connection", "").lower() == "close":
-            self.close()
-        return status, (json.loads(body) if headers.get("content-type", "").startswith("application/json") else body)
 
 
 # ------------------------------------------------------------------------------------------ load
@@ -287,7 +180,7 @@ class Failure(Exception):
 class Client:
     def __init__(self, index: int, port: int, seed: int, args: argparse.Namespace, results: Results) -> None:
         self.rng = random.Random(seed * 1000 + index)
-        self.conn = Conn(port)
+        self.conn = Conn("127.0.0.1", port)
         self.args = args
         self.results = results
         self.history: list[dict[str, str]] = []
@@ -368,7 +261,7 @@ class Client:
                 self.results.disconnects[f"{disconnect}/{'rst' if reset else 'fin'}"] += 1
                 return
             try:
-                status, headers = await self.conn.head()
+                status, headers = await self.conn.read_head()
                 break
             except ConnectionResetError:
                 # The server closed an idle keep-alive connection as we reused it: retry once, fresh.
@@ -377,14 +270,14 @@ class Client:
                     raise
                 self.results.stale_keepalive_retries += 1
         if status != 200:
-            text = (await self.conn.body(headers)).decode(errors="replace")
+            text = (await self.conn.read_body(headers)).decode(errors="replace")
             raise Failure(f"http_{status}", text)
         if body["stream"]:
             await self.stream(
                 body, headers, cut=rng.randint(0, body["max_tokens"]) if disconnect else None, reset=reset
             )
         else:
-            self.check_full(body, json.loads(await self.conn.body(headers)))
+            self.check_full(body, json.loads(await self.conn.read_body(headers)))
         if headers.get("connection", "").lower() == "close":
             self.conn.close()
 
@@ -480,7 +373,7 @@ class Client:
 
 
 async def observe(port: int, stats_ports: list[int]) -> dict[str, Any]:
-    conn = Conn(port)
+    conn = Conn("127.0.0.1", port)
     try:
         _, health = await conn.get_json("/health")
         _, metrics = await conn.get_json("/metrics")
@@ -492,7 +385,7 @@ async def observe(port: int, stats_ports: list[int]) -> dict[str, Any]:
             running_metric += float(line.rsplit(None, 1)[1])
     mocks: list[dict[str, Any]] = []
     for stats_port in stats_ports:
-        mconn = Conn(stats_port)
+        mconn = Conn("127.0.0.1", stats_port)
         try:
             _, ranks = await mconn.get_json("/")
         finally:

@@ -15,6 +15,8 @@
 # Idempotent: a complete venv holds a stamp file naming this script's version and the pins; when it
 # matches, the script only re-verifies (imports and CLIs) and exits. Prints the venv path as its last line.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib/venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/venv.sh"
 
 SCRIPT_VERSION=1
 TORCH_VERSION=2.13.0+cpu
@@ -30,12 +32,10 @@ PINS=(
 STAMP_NAME=.pyfront-clients-venv.stamp
 STAMP_CONTENT="pyfront real_clients/setup_venv.sh v${SCRIPT_VERSION} ${PINS[*]}"
 
-die() { echo "setup_venv.sh (clients): error: $*" >&2; exit 1; }
-log() { echo "setup_venv.sh (clients): $*" >&2; }
+LOG_NAME="setup_venv.sh (clients)"
 
 VENV="${1:-${PYFRONT_CLIENTS_VENV:-$HOME/.cache/pyfront/clients-venv}}"
 STAMP="$VENV/$STAMP_NAME"
-start_s=$(date +%s)
 
 verify() {
     local vpy="$VENV/bin/python" out
@@ -54,40 +54,12 @@ EOF
     log "verified: $(echo "$out" | tail -n 1); lm_eval and guidellm CLIs run"
 }
 
-if [[ "${PYFRONT_CLIENTS_FORCE:-0}" != 1 && -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]]; then
-    log "venv $VENV is already complete (stamp matches v$SCRIPT_VERSION); verifying only"
-    verify
-    log "done in $(($(date +%s) - start_s)) s (nothing to do)"
-    echo "$VENV"
-    exit 0
-fi
-rm -f "$STAMP"
-
-# --- base interpreter -------------------------------------------------------------------------
-PY="${PYFRONT_CLIENTS_PYTHON:-}"
-if [[ -z "$PY" ]]; then
-    if command -v python3.11 >/dev/null 2>&1; then PY=python3.11; else PY=python3; fi
-fi
-command -v "$PY" >/dev/null 2>&1 || die "base python '$PY' not found (set PYFRONT_CLIENTS_PYTHON)"
-pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-[[ "$pyver" == 3.11 ]] || die "base python '$PY' is $pyver; torch $TORCH_VERSION (local wheel) needs 3.11"
-
-# --- virtualenv --------------------------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating virtualenv at $VENV with $PY ($pyver)"
-    mkdir -p "$(dirname "$VENV")"
-    "$PY" -m venv "$VENV" || die "'$PY -m venv $VENV' failed"
-else
-    log "reusing existing (incomplete) virtualenv at $VENV"
-fi
-VPY="$VENV/bin/python"
+venv_exit_if_complete "${PYFRONT_CLIENTS_FORCE:-0}"
+venv_base_python PYFRONT_CLIENTS_PYTHON "torch $TORCH_VERSION (local wheel) needs 3.11"
+venv_create
 
 # --- install ------------------------------------------------------------------------------------
-if ! "$VPY" -m pip install --dry-run --no-deps --ignore-installed --quiet "torch==$TORCH_VERSION" \
-        >/dev/null 2>&1; then
-    die "pip cannot find torch==$TORCH_VERSION; it must be in a local wheel folder pip reads
-  (check 'pip config list' for find-links, e.g. /opt/wheels)"
-fi
+venv_require_torch "$TORCH_VERSION"
 log "pip install ${PINS[*]} (about 3 min on a fresh machine here)"
 # pip's warnings about the empty extra index folders in the machine's pip config are noise: filtered.
 "$VPY" -m pip install --disable-pip-version-check --quiet "${PINS[@]}" \
@@ -95,7 +67,4 @@ log "pip install ${PINS[*]} (about 3 min on a fresh machine here)"
 "$VPY" -m pip check >&2 || die "pip check found broken requirements"
 
 # --- verify and stamp ----------------------------------------------------------------------------
-verify
-echo "$STAMP_CONTENT" > "$STAMP"
-log "done in $(($(date +%s) - start_s)) s; venv size: $(du -sh "$VENV" | cut -f1)"
-echo "$VENV"
+venv_finish

@@ -46,8 +46,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 RESERVED_PORTS = frozenset({62100})  # used by other jobs on these machines; never pick it
 
@@ -158,25 +160,50 @@ def _check_port_free(port: int, what: str) -> None:
 # --- process groups ----------------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, pgid) of a process from /proc, or None if it is gone."""
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of ProcStat's CPU times
+
+
+class ProcStat(NamedTuple):
+    """The fields of /proc/PID/stat (proc(5)) that this module and the benchmarks use. CPU times are in
+    CLK_TCK ticks; cutime and cstime count only children that were waited for."""
+
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    utime: int
+    stime: int
+    cutime: int
+    cstime: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """/proc/PID/stat of a process, or None if it is gone. comm may hold spaces and parentheses, so the
+    fields are counted from the last ')'."""
     try:
-        data = Path(f"/proc/{pid}/stat").read_text()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
     except OSError:
         return None
-    fields = data[data.rindex(")") + 2 :].split()
-    return fields[0], int(fields[2])
+    end = data.rindex(")")
+    fields = data[end + 2 :].split()  # fields[0] is field 3 of proc(5), the state
+    state, ppid, pgid = fields[0], int(fields[1]), int(fields[2])
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return ProcStat(data[data.index("(") + 1 : end], state, ppid, pgid, utime, stime, cutime, cstime)
+
+
+def all_proc_stats() -> Iterator[tuple[int, ProcStat]]:
+    """(pid, stat) of every process of the machine; those that end while /proc is read are left out."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st:
+                yield int(entry), st
 
 
 def group_pids(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _proc_stat(int(entry))
-            if st and st[1] == pgid and st[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
+    return sorted(pid for pid, st in all_proc_stats() if st.pgid == pgid and st.state != "Z")
 
 
 def rss_bytes(pid: int) -> int:
@@ -290,6 +317,29 @@ def _check_model_dir(model_dir: str | os.PathLike) -> str:
     return str(p.resolve())
 
 
+def _handshake_args(rpc_port: int, local_engines: int) -> list[str]:
+    """The data-parallel flags both sides of the handshake get: one engine in all, its front end on
+    127.0.0.1:rpc_port; `local_engines` is 1 for the headless engine, 0 for a front end."""
+    return [
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(rpc_port),
+        "--data-parallel-size",
+        "1",
+        "--data-parallel-size-local",
+        str(local_engines),
+    ]
+
+
+def _frontend_argv(exe: str, model_dir: str | os.PathLike, rpc_port: int, http_port: int) -> list[str]:
+    """`EXE serve MODEL` as a front end with no local engine: it listens on 127.0.0.1:rpc_port for one
+    headless engine and serves HTTP on 127.0.0.1:http_port. vLLM's Python and Rust front ends take the same
+    flags for this."""
+    model = _check_model_dir(model_dir)
+    return [exe, "serve", model, *_handshake_args(rpc_port, 0), "--host", "127.0.0.1", "--port", str(http_port)]
+
+
 def start_headless_engine(
     model_dir: str | os.PathLike,
     rpc_port: int,
@@ -304,22 +354,8 @@ def start_headless_engine(
     127.0.0.1:rpc_port. It does one handshake; start a fresh one for each front end."""
     if rpc_port in RESERVED_PORTS:
         raise EngineError(f"rpc port {rpc_port} is reserved for other jobs")
-    argv = [
-        _vllm_bin(venv),
-        "serve",
-        _check_model_dir(model_dir),
-        "--headless",
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(rpc_port),
-        "--data-parallel-size",
-        "1",
-        "--data-parallel-size-local",
-        "1",
-        *MODEL_ARGS,
-        *extra_args,
-    ]
+    exe, model = _vllm_bin(venv), _check_model_dir(model_dir)
+    argv = [exe, "serve", model, "--headless", *_handshake_args(rpc_port, 1), *MODEL_ARGS, *extra_args]
     return _spawn("vllm-engine", argv, log_path, rpc_port, None, env, stop_at_exit)
 
 
@@ -338,25 +374,7 @@ def start_vllm_frontend(
     listens on 127.0.0.1:rpc_port for a headless engine and serves HTTP on 127.0.0.1:http_port."""
     _check_port_free(rpc_port, "rpc")
     _check_port_free(http_port, "http")
-    argv = [
-        _vllm_bin(venv),
-        "serve",
-        _check_model_dir(model_dir),
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(rpc_port),
-        "--data-parallel-size",
-        "1",
-        "--data-parallel-size-local",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(http_port),
-        *MODEL_ARGS,
-        *extra_args,
-    ]
+    argv = [*_frontend_argv(_vllm_bin(venv), model_dir, rpc_port, http_port), *MODEL_ARGS, *extra_args]
     return _spawn("vllm-frontend", argv, log_path, rpc_port, http_port, env, stop_at_exit)
 
 
@@ -377,24 +395,7 @@ def start_vllm_rs_frontend(
         raise EngineError(f"{exe} not found; run tools/real_engine/fetch_vllm_rs.sh first")
     _check_port_free(rpc_port, "rpc")
     _check_port_free(http_port, "http")
-    argv = [
-        str(exe),
-        "serve",
-        _check_model_dir(model_dir),
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(rpc_port),
-        "--data-parallel-size",
-        "1",
-        "--data-parallel-size-local",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(http_port),
-        *extra_args,
-    ]
+    argv = [*_frontend_argv(str(exe), model_dir, rpc_port, http_port), *extra_args]
     return _spawn("vllm-rs", argv, log_path, rpc_port, http_port, env, stop_at_exit)
 
 

