@@ -10,16 +10,21 @@ pick, so ties rotate instead of piling onto rank 0.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 
 class Routable(Protocol):
     rank: int
     healthy: bool
-    num_in_flight: int
     num_waiting: int
     num_running: int
     kv_cache_usage: float
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+
+R = TypeVar("R", bound=Routable)
 
 
 class LoadBalancer:
@@ -35,14 +40,14 @@ class LoadBalancer:
             score += waiting * 6 * max(0.0, engine.kv_cache_usage - 0.5)
         return score
 
-    def pick(self, engines: Sequence[Routable]) -> Routable | None:
+    def pick(self, engines: Sequence[R]) -> R | None:
         """The healthy engine with the lowest score, or None if no engine is healthy."""
         count = len(engines)
         if count == 0:
             return None
         start = (self._start + self._next_start) % count
         self._next_start += 1
-        best: Routable | None = None
+        best: R | None = None
         best_score = 0.0
         for offset in range(count):
             engine = engines[(start + offset) % count]

@@ -29,7 +29,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 import zmq
@@ -513,7 +513,7 @@ class EngineClient:
             picked = self._balancer.pick(self.engines)
             if picked is None:
                 raise EngineUnavailableError("no healthy engine")
-            engine = picked  # type: ignore[assignment]
+            engine = picked
         if request.request_id in self._streams:  # re-check: hashing awaited
             raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight")
         frames = codec.encode_add(request, block_hashes=request.prompt_block_hashes is not None)
@@ -583,10 +583,10 @@ class EngineClient:
         more before waiting.
         """
         assert self._output is not None
-        sock = zmq.Socket.shadow(self._output.underlying)
+        sock: zmq.Socket[bytes] = zmq.Socket.shadow(self._output.underlying)
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
-        fd = sock.getsockopt(zmq.FD)
+        fd = cast(int, sock.getsockopt(zmq.FD))  # int-valued options come back as int
         loop.add_reader(fd, readable.set)
         recv, noblock, again = sock.recv_multipart, zmq.NOBLOCK, zmq.Again
         try:
@@ -595,7 +595,7 @@ class EngineClient:
                     frames = recv(noblock)
                 except again:
                     readable.clear()
-                    if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                         continue
                     await readable.wait()
                     continue

@@ -501,7 +501,7 @@ class MockEngineRank:
                 time.sleep(min(0.05, self.stall_until - now))
                 next_step = time.monotonic() + interval
                 continue
-            timeout_ms = max(0.0, (next_step - now) * 1000) if self.running else 100
+            timeout_ms = int(max(0.0, (next_step - now) * 1000)) if self.running else 100  # as Poller.poll truncates
             was_idle = not self.running
             for sock, _ in poller.poll(timeout_ms):
                 while True:

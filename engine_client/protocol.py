@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import struct
 import sys
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, cast
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
@@ -217,6 +217,7 @@ _TORCH_NAMES: dict[str, str] = {
 }  # fmt: skip
 # Formats memoryview.cast() can unpack natively (it cannot do half floats).
 _CASTABLE = frozenset("bhiqBHIQfd?")
+_CastFormat = Literal["b", "h", "i", "q", "B", "H", "I", "Q", "f", "d", "?"]  # _CASTABLE, for memoryview.cast
 
 
 def _dtype_layout(dtype: str) -> tuple[str, int, bool]:
@@ -300,7 +301,8 @@ class WireTensor:
             flat: list[Any] = list(struct.unpack(f"<{count}f", widened))
         elif fmt in _CASTABLE and little == _LITTLE_ENDIAN_HOST:
             # Fast path: memoryview unpacks (and nests) natively.
-            return buf.cast(fmt, shape).tolist() if shape else buf.cast(fmt)[0]
+            native = cast(_CastFormat, fmt)
+            return buf.cast(native, shape).tolist() if shape else buf.cast(native)[0]
         else:
             flat = list(struct.unpack(f"{'<' if little else '>'}{count}{fmt}", buf))
         return _nest(flat, shape) if shape else flat[0]
@@ -788,7 +790,7 @@ class EngineCoreReadyResponse(Struct):
     def feh_config(self) -> NativeFrontendHashConfig | None:
         """The advertised FEH config, or None when absent or nil."""
         cfg = self.native_frontend_hash_config
-        return None if cfg is UNSET else cfg  # type: ignore[return-value]
+        return None if cfg is UNSET else cfg
 
 
 # --------------------------------------------------------------------------------------

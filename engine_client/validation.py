@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import marshal
 import math
+from typing import TypeGuard
 
 from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams, StructuredOutputsParams
 
@@ -18,7 +19,7 @@ _INT64_MAX = 2**63 - 1
 _KNOWN_BACKENDS = ("xgrammar", "guidance", "outlines", "lm-format-enforcer")
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return type(value) is int
 
 

@@ -34,7 +34,9 @@ def salt_extra_keys(cache_salt: str | None) -> tuple[str] | None:
     return (cache_salt,) if cache_salt else None
 
 
-def hash_chain(token_ids: tuple, block_size: int, parent: bytes, extra_keys: tuple[str] | None) -> list[bytes]:
+def hash_chain(
+    token_ids: tuple[int, ...], block_size: int, parent: bytes, extra_keys: tuple[str] | None
+) -> list[bytes]:
     """Digests of every full block of `token_ids`, chained from `parent`.
 
     `extra_keys` goes on the first block hashed here, so callers that resume a chain mid-prompt pass
@@ -57,7 +59,7 @@ def hash_chain(token_ids: tuple, block_size: int, parent: bytes, extra_keys: tup
     return out
 
 
-def as_token_tuple(token_ids: Sequence[int]) -> tuple:
+def as_token_tuple(token_ids: Sequence[int]) -> tuple[int, ...]:
     """The ids as a tuple, so each block is one C-level slice (the recipe hashes tuples anyway)."""
     return token_ids if type(token_ids) is tuple else tuple(token_ids)
 

@@ -88,7 +88,7 @@ class _Recent:
 
     __slots__ = ("chain", "ids", "keys", "salt", "sha")
 
-    def __init__(self, ids: list, salt: str | None, keys: list[_Key], chain: bytes, sha: Any) -> None:
+    def __init__(self, ids: list[int], salt: str | None, keys: list[_Key], chain: bytes, sha: Any) -> None:
         self.ids = ids
         self.salt = salt
         self.keys = keys
@@ -215,7 +215,7 @@ class PrefixMemo:
         return chain
 
     def _extend_recent(
-        self, token_ids: list, full: int, salt: str | None
+        self, token_ids: list[int], full: int, salt: str | None
     ) -> tuple[list[_Key], Any, bytes, _Recent | None] | None:
         """(keys, SHA-256 state at `full`, chain of the shared prefix, the recent prompt if it is all of
         `token_ids[:full]`) from the longest recent prompt that is a prefix of `token_ids[:full]` (same salt);
@@ -244,7 +244,7 @@ class PrefixMemo:
         return None
 
     @staticmethod
-    def _serialize(token_ids: list | tuple) -> bytes | None:
+    def _serialize(token_ids: list[int] | tuple[int, ...]) -> bytes | None:
         """marshal v2 of the ids if every id is an exact int32 (b"i" + 4 bytes each), else None."""
         try:
             serialized = marshal.dumps(token_ids, _MARSHAL_VERSION)
@@ -258,7 +258,9 @@ class PrefixMemo:
             return None
         return serialized
 
-    def _fingerprints(self, token_ids: list | tuple, full: int, salt: str | None) -> tuple[list[_Key], Any] | None:
+    def _fingerprints(
+        self, token_ids: list[int] | tuple[int, ...], full: int, salt: str | None
+    ) -> tuple[list[_Key], Any] | None:
         """Keys of every checkpoint of the full-block region, shallowest first, and the SHA-256 state at `full`;
         None if not memoizable."""
         serialized = self._serialize(token_ids)

@@ -44,7 +44,9 @@ api.lane ends those requests with a 503 or an SSE error event instead of a trace
 class APIError(Exception):
     """An error the client should see as an OpenAI error object."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, headers: dict | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -92,12 +94,14 @@ def to_api_error(exc: BaseException) -> APIError:
     return APIError(500, f"internal server error ({type(exc).__name__}); the server log has the details")
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict:
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     kind = _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> Response:
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
     return Response(
         msgspec.json.encode(error_body(status, message, param)),
         status_code=status,

@@ -24,8 +24,9 @@ import ssl
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -34,10 +35,14 @@ from pyfront.engine_client.handshake import ClientAddresses, HandshakeError, run
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import FORCED_EXIT
 
+if TYPE_CHECKING:
+    import uvicorn
+
 logger = logging.getLogger("pyfront.launcher")
 
 
-def _graceful_server_class():  # uvicorn is imported lazily: `pyfront --help` stays fast
+def _graceful_server_class() -> Callable[[uvicorn.Config, ServerConfig], uvicorn.Server]:
+    # uvicorn is imported lazily: `pyfront --help` stays fast
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -227,6 +232,7 @@ def serve_many(config: ServerConfig) -> None:
         mock = MockEngineProcess(config)
     ctx = multiprocessing.get_context("spawn")
     children: list[multiprocessing.process.BaseProcess] = []
+    child: multiprocessing.process.BaseProcess
     for index, pair in enumerate(addresses):
         child_config = dataclasses.replace(
             config,
@@ -287,15 +293,15 @@ async def _handshake(config: ServerConfig, addresses: list[ClientAddresses]) -> 
         ctx.term()
 
 
-def _supervise(children: list[multiprocessing.process.BaseProcess], stopping) -> None:
+def _supervise(children: list[multiprocessing.process.BaseProcess], stopping: Callable[[], bool]) -> None:
     """Wait for a stop signal; report API servers that die, and keep the others serving."""
     from prometheus_client import multiprocess
 
     reported: set[int] = set()
     while not stopping():
         for child in children:
-            if not child.is_alive() and child.pid not in reported:
-                reported.add(child.pid)  # type: ignore[arg-type]
+            if not child.is_alive() and child.pid is not None and child.pid not in reported:
+                reported.add(child.pid)
                 logger.error("API server %s (pid %s) exited with %s", child.name, child.pid, child.exitcode)
                 multiprocess.mark_process_dead(child.pid)
         if all(not c.is_alive() for c in children):

@@ -10,7 +10,7 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import (
     CollectorRegistry,
@@ -132,7 +132,7 @@ class Metrics:
         multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         r = self.registry
         labels = ["model_name"]
-        gauge_mode = {"multiprocess_mode": "livesum"} if multiproc else {}
+        gauge_mode: dict[str, Literal["livesum"]] = {"multiprocess_mode": "livesum"} if multiproc else {}
         self.running = Gauge("vllm:num_requests_running", "Requests in flight in the engines", labels, registry=r,
                              **gauge_mode).labels(model_name)  # fmt: skip
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting in the engines", labels, registry=r,
@@ -145,6 +145,7 @@ class Metrics:
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)  # fmt: skip
         itl_doc = "Time between engine outputs of a request"
+        self.itl: Histogram | _LoopHistogram
         if multiproc:
             self.itl = Histogram("vllm:inter_token_latency_seconds", itl_doc, labels, buckets=_ITL_BUCKETS,
                                  registry=r).labels(model_name)  # fmt: skip

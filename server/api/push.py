@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol, cast
 
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from pyfront.engine_client.client import RequestAbortedError, release_waiter
 from pyfront.engine_client.protocol import EngineCoreOutput
@@ -23,12 +23,14 @@ class OneChoice(Protocol):
     A Generation is one; tests drive PushStream with a small fake instead (tests/server/api/test_push.py).
     """
 
-    choices: Sequence[Choice]
     keepalive: float | None
     """Seconds without output before a keep-alive comment goes out (None: never)."""
     deadline: float | None
     """time.monotonic() at which the request fails with DeadlineExceeded (None: no deadline)."""
     last_output_at: float
+
+    @property
+    def choices(self) -> Sequence[Choice]: ...  # read-only here, so that a Generation's list[Choice] matches
 
     def finish_metrics(self) -> None: ...
 
@@ -56,7 +58,8 @@ class PushStream:
         self.generation = generation
         self.choice = generation.choices[0]
         self.frames = frames
-        self._send: Send | None = None
+        self._send: Callable[[Message], Coroutine[Any, Any, None]] | None = None
+        """The server's `send`: an async def, so each call returns a coroutine that `_write` drives by hand."""
         self._pending: tuple[Any, Any] | None = None
         """A send coroutine that suspended, and what it yielded."""
         self._backlog: list[bytes] = []
@@ -195,7 +198,7 @@ class PushStream:
         generation = self.generation
         stream = self.choice.stream
         assert stream is not None
-        self._send = send
+        self._send = cast("Callable[[Message], Coroutine[Any, Any, None]]", send)  # ASGI servers' send is an async def
         try:
             for output in stream.listen(self):
                 self.on_output(output)

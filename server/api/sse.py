@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import msgspec
@@ -46,7 +46,7 @@ class ContentTemplate:
 
     __slots__ = ("prefix", "suffix")
 
-    def __init__(self, chunk: dict) -> None:
+    def __init__(self, chunk: dict[str, Any]) -> None:
         self.prefix, self.suffix = frame(chunk).split(_encode(DELTA_MARKER))
 
     def render(self, text: str) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,9 @@ from pyfront.server.text.stream import TextStream
 
 logger = logging.getLogger("pyfront.server")
 
+LogprobRow = tuple[list[int], list[float], int]
+"""One position's logprobs: the ids (sampled or prompt token, then the top-K), their logprobs, the token's rank."""
+
 
 @dataclass(slots=True)
 class Choice:
@@ -60,9 +63,9 @@ class Choice:
     stream: RequestStream | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    logprobs_rows: list = field(default_factory=list)
+    logprobs_rows: list[LogprobRow] = field(default_factory=list)
     """One ``(ids, logprobs, rank)`` row per sampled token, appended as outputs arrive (never rebuilt)."""
-    prompt_rows: list | None = None
+    prompt_rows: list[LogprobRow] | None = None
     """The prompt-logprob rows (positions 1..L-1) when the request asked for them, gathered over outputs."""
     cached_tokens: int | None = None
     """The engine's prefill stats for this choice (None until reported): prompt tokens found in the cache..."""
@@ -74,7 +77,7 @@ class Choice:
     logprob_context: list[int] = field(default_factory=list)
     """The last sampled ids, so a character split over streamed chunks shows as vLLM shows it."""
     text_offset: int = 0
-    generation: Generation | None = None
+    generation: Generation = field(kw_only=True)
     """The Generation this choice belongs to (a completions request has one per prompt)."""
     number: int = 0
     """The choice's index in the response: `index`, or for several completion prompts prompt * n + index."""
@@ -116,7 +119,7 @@ class Generation:
         cache_salt: str | None,
         priority: int,
         n: int,
-        text_factory,
+        text_factory: Callable[[Sequence[int]], TextStream],
         external_id: str,
         deadline: float | None = None,
         keepalive: float | None = None,
@@ -323,7 +326,7 @@ def check_prompt_len(state: ServingState, prompt_len: int) -> None:
         )
 
 
-def make_text_factory(state: ServingState, params: SamplingParams):
+def make_text_factory(state: ServingState, params: SamplingParams) -> Callable[[Sequence[int]], TextStream]:
     stop = params.stop if isinstance(params.stop, list) else ([params.stop] if params.stop else [])
     factory = get_factory(state.tokenizer.hf)
 
@@ -402,7 +405,7 @@ async def fold_outputs(batches: AsyncIterator[tuple[Choice, list[EngineCoreOutpu
             choice.generation.on_output(choice, output)
 
 
-def choice_rows(choice: Choice, start: int = 0) -> list:
+def choice_rows(choice: Choice, start: int = 0) -> list[LogprobRow]:
     """Logprob rows of the kept tokens from `start` on (stop strings may have dropped trailing tokens).
 
     A slice of the rows gathered so far: streaming asks for the new tokens' rows only, so the cost of an
@@ -411,8 +414,8 @@ def choice_rows(choice: Choice, start: int = 0) -> list:
     return choice.logprobs_rows[start : choice.text.num_tokens]
 
 
-def prompt_logprobs(state: ServingState, choice: Choice) -> list | None:
+def prompt_logprobs(state: ServingState, choice: Choice) -> list[dict[int, dict[str, Any]] | None] | None:
     """The response's `prompt_logprobs`: None unless the engine was asked for them (prompt_logprobs or echo)."""
-    if choice.generation is None or choice.generation.params.prompt_logprobs is None:
+    if choice.generation.params.prompt_logprobs is None:
         return None
     return prompt_logprobs_entries(state.tokenizer.hf, choice.prompt_rows or ())

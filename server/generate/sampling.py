@@ -99,7 +99,8 @@ def build_sampling_params(
     is_chat = isinstance(request, ChatCompletionRequest)
 
     # --- max_tokens: TokenizeParams.__post_init__ and get_max_tokens --------------------------------
-    if is_chat:
+    requested: int | None
+    if isinstance(request, ChatCompletionRequest):
         if request.max_completion_tokens is not None:
             requested, max_param = request.max_completion_tokens, "max_completion_tokens"
         else:
@@ -185,13 +186,13 @@ def build_sampling_params(
 
     # --- logprobs ----------------------------------------------------------------------------------
     logprob_token_ids = request.logprob_token_ids or None
-    if is_chat:
+    if isinstance(request, ChatCompletionRequest):
         logprobs = request.top_logprobs if request.logprobs and not logprob_token_ids else None
     else:
         logprobs = None if logprob_token_ids else request.logprobs
     prompt_logprobs = request.prompt_logprobs
     if prompt_logprobs is None and request.echo:
-        prompt_logprobs = request.top_logprobs if is_chat else request.logprobs
+        prompt_logprobs = request.top_logprobs if isinstance(request, ChatCompletionRequest) else request.logprobs
     if logprobs:
         _check_logprobs_limit(logprobs, "sample", "top_logprobs" if is_chat else "logprobs", vocab_size)
     if logprob_token_ids is not None:
@@ -258,7 +259,7 @@ def build_sampling_params(
     if eos_token_id is not None:
         all_stop_token_ids.add(eos_token_id)
     if extra_eos_token_ids:
-        eos_ids = {extra_eos_token_ids} if isinstance(extra_eos_token_ids, int) else set(extra_eos_token_ids)
+        eos_ids: set[int] = {extra_eos_token_ids} if isinstance(extra_eos_token_ids, int) else set(extra_eos_token_ids)
         if eos_token_id is not None:
             eos_ids.discard(eos_token_id)
         if eos_ids:

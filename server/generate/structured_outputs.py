@@ -533,7 +533,7 @@ def _has_reversed_range(body: str) -> bool:
         chars.append(body[i])
         i += 1
     return any(
-        chars[k + 1] == "-" and chars[k] is not None and chars[k + 2] is not None and chars[k] > chars[k + 2]  # type: ignore[operator]
+        chars[k + 1] == "-" and (low := chars[k]) is not None and (high := chars[k + 2]) is not None and low > high
         for k in range(len(chars) - 2)
     )
 

@@ -8,7 +8,7 @@ them, :mod:`~pyfront.server.openai.validate` checks them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from msgspec import UNSET, Struct, UnsetType
 
@@ -321,9 +321,10 @@ def completion_prompts(request: CompletionRequest) -> list[str] | list[list[int]
     if isinstance(prompt, str):
         return [prompt]
     assert prompt is not None, "decode_completion_request guarantees a prompt"
+    # decode_completion_request validated the list as homogeneous: token ids, strings or id lists
     if type(prompt[0]) is int:
-        return [prompt]  # type: ignore[list-item]
-    return prompt  # type: ignore[return-value]
+        return [cast("list[int]", prompt)]
+    return cast("list[str] | list[list[int]]", prompt)
 
 
 def message_text(message: ChatMessage) -> str | None:

@@ -341,7 +341,7 @@ def _check_messages(messages: list[ChatMessage]) -> None:
 def _check_chat_template(
     chat_template: str | None, chat_template_kwargs: dict[str, Any] | None, allow_request_chat_template: bool
 ) -> None:
-    in_kwargs = bool(chat_template_kwargs) and chat_template_kwargs.get("chat_template") is not None  # type: ignore[union-attr]
+    in_kwargs = chat_template_kwargs is not None and chat_template_kwargs.get("chat_template") is not None
     if not allow_request_chat_template and (chat_template is not None or in_kwargs):
         raise RequestValidationError(
             "Chat template is passed with request, but --trust-request-chat-template is not set. "
@@ -469,15 +469,15 @@ def _check_prompt_list(prompt: list[str | int | list[int]]) -> None:
                 "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists.",
                 f"prompt[{i}]",
             )
-        if kind is int:
-            if not 0 <= item <= INT64_MAX:  # type: ignore[operator]
+        if type(item) is int:  # the same as `kind is int` (type(item) is kind here), but it narrows item
+            if not 0 <= item <= INT64_MAX:
                 raise RequestValidationError(
                     f"prompt token ids must be non-negative integers, got {item}.", f"prompt[{i}]"
                 )
-        elif kind is list:
+        elif type(item) is list:
             if not item:
                 raise RequestValidationError("a token-id prompt must not be empty.", f"prompt[{i}]")
-            if any(not 0 <= t <= INT64_MAX for t in item):  # type: ignore[union-attr]
+            if any(not 0 <= t <= INT64_MAX for t in item):
                 raise RequestValidationError("prompt token ids must be non-negative integers.", f"prompt[{i}]")
         elif item == "":
             raise RequestValidationError("prompt strings must not be empty.", f"prompt[{i}]")

@@ -23,17 +23,26 @@ import logging
 import threading
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as _RustTokenizer
+    from tokenizers.decoders import DecodeStream as _RustDecodeStream
+
+_BackendTokenizer: type[_RustTokenizer] | None = None
+_DecodeStream: type[_RustDecodeStream] | None = None
 try:  # tokenizers >= 0.21
-    from tokenizers import Tokenizer as _BackendTokenizer
-    from tokenizers.decoders import DecodeStream as _DecodeStream
+    from tokenizers import Tokenizer as _Tokenizer
+    from tokenizers.decoders import DecodeStream as _Stream
+
+    _BackendTokenizer, _DecodeStream = _Tokenizer, _Stream
 except ImportError:  # pragma: no cover - exercised only without a recent `tokenizers`
-    _DecodeStream = None
     try:
-        from tokenizers import Tokenizer as _BackendTokenizer
+        from tokenizers import Tokenizer as _Tokenizer
+
+        _BackendTokenizer = _Tokenizer
     except ImportError:
-        _BackendTokenizer = None
+        pass
 
 
 log = logging.getLogger(__name__)
@@ -348,14 +357,13 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
         self._last: int | None = tail[-1] if tail else None  # last id that produced text (flush context)
         self._flushed = False
         self._last_special = False
-        self._added: dict[int, str] | None = None
+        self._added: dict[int, str] = {}  # the added tokens, when they need the no-spaces handling
         # vLLM: spaces_between_special_tokens = skip_special_tokens or spaces_between_special_tokens
         if not (skip_special_tokens or spaces_between_special_tokens):
-            added = factory.added_token_ids
-            if added:
-                self._added = added
-        # Bind the specialised hot path as an instance attribute (no per-call branching).
-        self.push = self._push_plain if self._added is None else self._push_no_special_spaces
+            self._added = factory.added_token_ids
+        # Bind the specialised hot path as an instance attribute (no per-call branching); mypy does not
+        # model a slot that shadows the class's method.
+        self.push = self._push_no_special_spaces if self._added else self._push_plain  # type: ignore[method-assign]
 
     def _push_plain(self, token_id: int) -> str:
         try:
@@ -389,6 +397,7 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
             raise exc
         # Non-monotonic UTF-8 output broke DecodeStream's state (vllm issue 17448): restart it.
         log.warning("detokenizer: invalid prefix, resetting the decode stream")
+        assert _DecodeStream is not None, "__init__ checked"
         self._stream = _DecodeStream(skip_special_tokens=self._skip)
         self._step = self._stream.step
         self._pending.clear()

@@ -61,7 +61,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
@@ -439,7 +439,8 @@ class SegmentTokenizer:
             or byte_level.get("use_regex")
         ):
             return None, "pre-tokenizer is not Sequence[Split(Isolated), ByteLevel(no prefix space, no regex)]"
-        pattern = _ASCII_PRE_TOKENIZERS.get((split.get("pattern") or {}).get("Regex"))
+        split_pattern: dict[str, Any] = split.get("pattern") or {}
+        pattern = _ASCII_PRE_TOKENIZERS.get(split_pattern.get("Regex", ""))  # "" is no key either
         if pattern is None:
             return None, "unknown pre-tokenizer regex"
         if any(token.get("normalized") and token.get("content") for token in config.get("added_tokens") or ()):
@@ -490,7 +491,7 @@ class SegmentTokenizer:
                 while start > start_offset and text[start - 1] in _WS_SET:
                     start -= 1
             if token.rstrip:
-                stop = _WS_RUN.match(text, stop).end()
+                stop = cast("re.Match[str]", _WS_RUN.match(text, stop)).end()  # a `[...]*` pattern always matches
             parts.append(text[start_offset:start])
             parts.append(token.id)
             start_offset = stop

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
 from pyfront.server.text.segment_cache import SegmentTokenizer
@@ -288,7 +288,7 @@ class Tokenizer:
         chat_template: str | None,
         kwargs: dict[str, Any],
     ) -> str:
-        return self.hf.apply_chat_template(
+        rendered = self.hf.apply_chat_template(
             messages,
             tools=tools,
             documents=documents,
@@ -298,6 +298,7 @@ class Tokenizer:
             tokenize=False,
             **kwargs,
         )
+        return cast(str, rendered)  # tokenize=False: the rendered text
 
     # ------------------------------------------------------------------ text <-> ids
 
@@ -305,7 +306,8 @@ class Tokenizer:
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        text = self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return cast(str, text)  # one id sequence: one str
 
     def token_id(self, token: str) -> int | None:
         """The id of one vocabulary entry (e.g. ``"</think>"``), or None when the vocabulary lacks it."""

@@ -6,7 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyfront.server.chat.plan import OutputPlan
-from pyfront.server.generate.generation import Choice, Generation, choice_rows, fold_outputs, prompt_logprobs
+from pyfront.server.generate.generation import (
+    Choice,
+    Generation,
+    LogprobRow,
+    choice_rows,
+    fold_outputs,
+    prompt_logprobs,
+)
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
 )
@@ -16,7 +23,9 @@ from pyfront.server.text.logprobs import (
 )
 
 
-def chat_logprobs(state: ServingState, choice: Choice, rows: Sequence, request: ChatCompletionRequest) -> dict | None:
+def chat_logprobs(
+    state: ServingState, choice: Choice, rows: Sequence[LogprobRow], request: ChatCompletionRequest
+) -> dict[str, Any] | None:
     if not request.logprobs:
         return None
     return {
@@ -32,7 +41,7 @@ def chat_logprobs(state: ServingState, choice: Choice, rows: Sequence, request: 
 
 async def chat_full(
     state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
-) -> dict:
+) -> dict[str, Any]:
     try:
         await fold_outputs(generation.batches())
     except BaseException:
@@ -94,6 +103,7 @@ def tool_finish_reason(plan: OutputPlan, finish_reason: str | None, called: bool
 
 def chat_message(choice: Choice, plan: OutputPlan | None) -> tuple[dict[str, Any], str | None]:
     """The non-streamed assistant message and finish reason: text split by the request's parsers."""
+    message: dict[str, Any]
     if plan is None or plan.parser is None:
         message = {"role": "assistant", "content": choice.text.text, "reasoning_content": None, "tool_calls": []}
         return message, choice.finish_reason

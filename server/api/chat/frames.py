@@ -67,6 +67,7 @@ class ChatFrames:
         else:
             delta_body = parsed_delta(choice, generation.plan, delta, finish_reason is not None)
             if finish_reason is not None:
+                assert generation.plan is not None, "choices are parsed only under a plan"
                 finish_reason = tool_finish_reason(generation.plan, finish_reason, bool(choice.parsed.calls))
         if finish_reason is not None:
             body = self._chunk(choice.index, delta_body, logprobs, finish_reason)

@@ -18,7 +18,7 @@ from pyfront.server.config import ServerConfig
 from pyfront.server.generate.generation import prepare
 from pyfront.server.generate.ids import base_request_id
 from pyfront.server.openai.decode import decode_chat_request
-from pyfront.server.state import ServingState
+from pyfront.server.state import Admission, ServingState
 
 _encode = msgspec.json.encode
 
@@ -32,6 +32,7 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
     model = state.check_model(body.model)
     state.require_engine()
     deadline = state.deadline(headers.timeout)
+    admission: Admission | None  # None once a stream owns it
     admission = state.admit(body.n or 1)
     try:
         prompt_text, prompt_ids, hashes = await render_chat(state, body, hash_prompt=True)

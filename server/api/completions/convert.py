@@ -15,6 +15,7 @@ from pyfront.server.errors import APIError
 from pyfront.server.generate.generation import (
     Choice,
     Generation,
+    LogprobRow,
     choice_rows,
     fold_outputs,
     prompt_logprobs,
@@ -61,8 +62,8 @@ async def tokenize_completion_prompts(
 
 
 def completion_choice_logprobs(
-    state: ServingState, choice: Choice, request: CompletionRequest, rows: Sequence, *, echo: bool = False
-) -> dict | None:
+    state: ServingState, choice: Choice, request: CompletionRequest, rows: Sequence[LogprobRow], *, echo: bool = False
+) -> dict[str, Any] | None:
     """Completions logprobs for `rows`, continuing the choice's text offset and decoding context.
 
     With `echo` (the choice's first chunk of an echoed request) the prompt's positions come first, as
@@ -140,7 +141,7 @@ class CompletionBatch:
 
 async def completion_full(
     state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
-) -> dict:
+) -> dict[str, Any]:
     try:
         await fold_outputs(batch.batches())
     except BaseException:

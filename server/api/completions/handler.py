@@ -14,7 +14,7 @@ from pyfront.server.config import ServerConfig
 from pyfront.server.generate.generation import Generation, prepare
 from pyfront.server.generate.ids import base_request_id
 from pyfront.server.openai.decode import decode_completion_request
-from pyfront.server.state import ServingState
+from pyfront.server.state import Admission, ServingState
 
 _encode = msgspec.json.encode
 
@@ -28,6 +28,7 @@ async def completion_response(
     state.require_engine()
     deadline = state.deadline(headers.timeout)
     prompts = await tokenize_completion_prompts(state, body)
+    admission: Admission | None  # None once a stream owns it
     admission = state.admit((body.n or 1) * len(prompts))
     try:
         base = base_request_id(headers.request_id, body.request_id)
