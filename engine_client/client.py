@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from pyfront.engine_client import codec, protocol
+from pyfront.engine_client import codec
 from pyfront.engine_client.balancer import LoadBalancer
 from pyfront.engine_client.handshake import (
     ClientAddresses,
@@ -45,7 +45,12 @@ from pyfront.engine_client.handshake import (
     run_handshake,
 )
 from pyfront.engine_client.negotiation import Negotiation, feh_enabled_by_env, negotiate
-from pyfront.engine_client.protocol import EngineCoreOutput, EngineCoreRequest, engine_identity
+from pyfront.engine_client.protocol import (
+    EngineCoreOutput,
+    EngineCoreReadyResponse,
+    EngineCoreRequest,
+    engine_identity,
+)
 from pyfront.engine_client.validation import validate_request
 from pyfront.hashing import PromptHasher
 
@@ -100,7 +105,7 @@ class EngineState:
 
     rank: int
     identity: bytes
-    registration: dict[str, Any]
+    registration: EngineCoreReadyResponse
     healthy: bool = True
     connected: bool = True
     status: str = "ok"
@@ -245,9 +250,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-_MAP_DECODER = msgspec.msgpack.Decoder()
-
-
 class EngineClient:
     """Create with `await EngineClient.start(config)`; close with `await client.close()`."""
 
@@ -335,7 +337,7 @@ class EngineClient:
             )
         registrations = await self._collect_registrations(deadline)
         self.engines = [EngineState(rank, engine_identity(rank), registrations[rank]) for rank in sorted(registrations)]
-        self.max_model_len = min(int(reg["max_model_len"]) for reg in registrations.values())
+        self.max_model_len = min(reg.max_model_len for reg in registrations.values())
         enabled = feh_enabled_by_env() if cfg.feh_enabled is None else cfg.feh_enabled
         self.negotiation = negotiate(registrations, enabled)
         logger.info("front-end block hashing: %s", self.negotiation.reason)
@@ -348,11 +350,11 @@ class EngineClient:
             loop.create_task(self._health_loop(), name="pyfront-engine-health"),
         ]
 
-    async def _collect_registrations(self, deadline: float) -> dict[int, dict[str, Any]]:
+    async def _collect_registrations(self, deadline: float) -> dict[int, EngineCoreReadyResponse]:
         """One registration per engine on our input socket (they may have arrived before READY)."""
         assert self._input is not None
         expected = set(range(self.config.data_parallel_size))
-        registrations: dict[int, dict[str, Any]] = {}
+        registrations: dict[int, EngineCoreReadyResponse] = {}
         while len(registrations) < len(expected):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await self._input.poll(timeout=remaining * 1000):
@@ -367,11 +369,9 @@ class EngineClient:
             if rank not in expected:
                 raise HandshakeError(f"registration from unexpected identity {identity.hex()}")
             try:
-                registration = _MAP_DECODER.decode(payload)
-                msgspec.convert(registration, protocol.EngineCoreReadyResponse)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                registrations[rank] = codec.decode_ready_response(payload)
+            except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
                 raise HandshakeError(f"malformed registration from engine rank {rank}: {exc}") from None
-            registrations[rank] = registration
         return registrations
 
     async def close(self) -> None:
@@ -411,10 +411,6 @@ class EngineClient:
     def healthy(self) -> bool:
         return not self._closed and any(e.healthy for e in self.engines)
 
-    @property
-    def feh_config(self):  # -> HashConfig | None
-        return self.negotiation.config
-
     def health(self) -> dict[str, Any]:
         return {
             "healthy": self.healthy,
@@ -436,9 +432,6 @@ class EngineClient:
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
-
-    def is_in_flight(self, request_id: str) -> bool:
-        return request_id in self._streams
 
     # ------------------------------------------------------------------ requests
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Generic, NamedTuple, TypeVar, overload
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 from msgspec import msgpack
@@ -60,7 +60,6 @@ __all__ = [
     "decode_handshake",
     "decode_init",
     "decode_input",
-    "decode_message",
     "decode_outputs",
     "decode_ready_response",
     "decode_request",
@@ -68,10 +67,8 @@ __all__ = [
     "encode_add",
     "encode_handshake",
     "encode_init",
-    "encode_message",
     "encode_outputs",
     "encode_ready_response",
-    "encode_start_dp_wave",
     "encode_utility",
     "is_engine_core_dead",
 ]
@@ -222,27 +219,9 @@ _HANDSHAKE_DECODER = msgpack.Decoder(EngineHandshakeMessage)
 _INIT_DECODER = msgpack.Decoder(EngineHandshakeMetadata)
 _READY_RESPONSE_DECODER = msgpack.Decoder(EngineCoreReadyResponse)
 _PLAIN_ENCODER = msgpack.Encoder()
-_DECODERS: dict[Any, Decoder[Any]] = {}
 
 _FEH_HEADER = b"\xdc\x00" + bytes([STOCK_REQUEST_FIELDS + 1])
 _NIL = 0xC0
-
-
-def encode_message(obj: Any) -> list[Buffer]:
-    """Frames ``[payload, aux...]`` for any protocol object (tensors go to aux frames)."""
-    return _ENCODER.encode(obj)
-
-
-@overload
-def decode_message(frames: Sequence[Buffer] | Buffer, type_: type[T]) -> T: ...
-@overload
-def decode_message(frames: Sequence[Buffer] | Buffer, type_: Any = ...) -> Any: ...
-def decode_message(frames: Sequence[Buffer] | Buffer, type_: Any = Any) -> Any:
-    """Decode ``frames`` as ``type_`` (cached decoder per type); for the less common messages."""
-    dec = _DECODERS.get(type_)
-    if dec is None:
-        dec = _DECODERS[type_] = Decoder(type_)
-    return dec.decode(frames)
 
 
 # ---- front end -> engine (input socket) ------------------------------------------------
@@ -284,11 +263,6 @@ def encode_utility(client_index: int, call_id: int, method: str, args: Sequence[
     with this ``call_id``. Struct args (e.g. LoRARequest) are sent in their normal encoding.
     """
     return [REQUEST_TYPE_UTILITY, *_ENCODER.encode(UtilityCall(client_index, call_id, method, list(args)))]
-
-
-def encode_start_dp_wave(wave: int, exclude_engine_index: int | None = None) -> list[Buffer]:
-    """Frames ``[b"\\x02", payload]`` of START_DP_WAVE (coordinator -> engines, MoE DP)."""
-    return [REQUEST_TYPE_START_DP_WAVE, _PLAIN_ENCODER.encode(StartDpWave(wave, exclude_engine_index))]
 
 
 class EngineInput(NamedTuple):

@@ -18,12 +18,15 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from pyfront.engine_client.protocol import engine_rank
+from pyfront.engine_client import codec
+from pyfront.engine_client.protocol import (
+    EngineHandshakeMessage,
+    EngineHandshakeMetadata,
+    EngineZmqAddresses,
+    engine_rank,
+)
 
 logger = logging.getLogger(__name__)
-
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
 
 
 class HandshakeError(RuntimeError):
@@ -46,19 +49,13 @@ class ClientAddresses:
     output_address: str
 
 
-def init_message(clients: Sequence[ClientAddresses]) -> bytes:
-    """INIT for a dense deployment without a coordinator; `parallel_config` is empty as in vllm-rs."""
-    return _encode(
-        {
-            "addresses": {
-                "inputs": [c.input_address for c in clients],
-                "outputs": [c.output_address for c in clients],
-                "coordinator_input": None,
-                "coordinator_output": None,
-                "frontend_stats_publish_address": None,
-            },
-            "parallel_config": {},
-        }
+def init_metadata(clients: Sequence[ClientAddresses]) -> EngineHandshakeMetadata:
+    """INIT for a dense deployment without a coordinator: `parallel_config` stays empty, as in vllm-rs.
+
+    vLLM fills `parallel_config` only for coordinated (MoE) DP, which pyfront does not drive.
+    """
+    return EngineHandshakeMetadata(
+        EngineZmqAddresses([c.input_address for c in clients], [c.output_address for c in clients])
     )
 
 
@@ -68,7 +65,7 @@ async def run_handshake(
     data_parallel_size: int,
     clients: Sequence[ClientAddresses],
     timeout_s: float,
-) -> dict[int, dict]:
+) -> dict[int, EngineHandshakeMessage]:
     """Admit engines of ranks 0..data_parallel_size-1; return each rank's READY message.
 
     Raises HandshakeError naming the ranks that never said HELLO or READY within `timeout_s`, or on a
@@ -81,10 +78,10 @@ async def run_handshake(
     except zmq.ZMQError as exc:
         socket.close()
         raise HandshakeError(f"cannot bind the handshake socket {handshake_address}: {exc}") from None
-    init = init_message(clients)
+    init = codec.encode_init(init_metadata(clients))
     expected = set(range(data_parallel_size))
     helloed: set[int] = set()
-    ready: dict[int, dict] = {}
+    ready: dict[int, EngineHandshakeMessage] = {}
     deadline = time.monotonic() + timeout_s
     logger.info("waiting for %d engine(s) to connect to %s", data_parallel_size, handshake_address)
     try:
@@ -115,11 +112,11 @@ async def run_handshake(
                     f"(expected ranks 0..{data_parallel_size - 1})"
                 )
             try:
-                message = _decode(payload)
-                status = message["status"]
-            except (msgspec.DecodeError, KeyError, TypeError) as exc:
+                message = codec.decode_handshake(payload)
+            except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
                 raise HandshakeError(f"malformed handshake message from rank {rank}: {exc}") from None
-            if message.get("local"):
+            status = message.status
+            if message.local:
                 raise HandshakeError(f"rank {rank} says it is local; pyfront only drives external engines")
             if status == "HELLO":
                 if rank in helloed:

@@ -36,17 +36,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import zmq
+from msgspec import UNSET
 
 from pyfront.engine_client import codec, protocol
 from pyfront.engine_client.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
+    EngineCoreReadyResponse,
     EngineCoreRequest,
+    EngineHandshakeMessage,
     LogprobsLists,
     LogprobsTensors,
+    NativeFrontendHashConfig,
     SchedulerStats,
+    UtilityCall,
     UtilityOutput,
     WireTensor,
 )
@@ -115,6 +119,17 @@ KNOWN_UTILITIES_RETURNING_NONE = frozenset(
         "collective_rpc", "add_lora", "remove_lora", "pin_lora",
     }
 )  # fmt: skip
+
+
+_INPUT_TYPES = frozenset(
+    (
+        protocol.REQUEST_TYPE_ADD,
+        protocol.REQUEST_TYPE_ABORT,
+        protocol.REQUEST_TYPE_UTILITY,
+        protocol.REQUEST_TYPE_START_DP_WAVE,
+    )
+)
+"""The type frames a front end may send; the engine-internal sentinels and anything else are refused."""
 
 
 @dataclass(slots=True)
@@ -194,54 +209,54 @@ class MockEngineRank:
 
     # ------------------------------------------------------------------ handshake
 
-    def registration(self) -> dict[str, Any]:
+    def registration(self) -> EngineCoreReadyResponse:
+        """What this rank registers with on every input socket: every field a vLLM 0.32 engine sends."""
         cfg = self.config
-        reg: dict[str, Any] = {
-            "max_model_len": cfg.max_model_len,
-            "num_gpu_blocks": cfg.num_gpu_blocks,
-            "block_size": cfg.block_size,
-            "dp_stats_address": None,
-            "dtype": "bfloat16",
-            "vllm_version": cfg.vllm_version,
-            "world_size": 1,
-            "data_parallel_size": 1,
-            "tensor_parallel_size": 1,
-            "pipeline_parallel_size": 1,
-            "decode_context_parallel_size": 1,
-            "data_parallel_rank": self.rank,
-            "max_num_seqs": cfg.max_num_seqs,
-            "max_num_batched_tokens": 8192,
-            "instance_id": f"pyfront-mock-{os.getpid()}-{self.rank}",
-            "supports_lora": False,
-            "max_loras": 0,
-            "mamba_block_size": None,
-            "kv_cache_size_tokens": cfg.num_gpu_blocks * cfg.block_size,
-            "kv_cache_max_concurrency": float(cfg.num_gpu_blocks * cfg.block_size) / cfg.max_model_len,
-            "kv_events_config": None,
-            "weight_transfer_backend": None,
-            "enable_sleep_mode": False,
-            "supports_draft_weight_updates": False,
-            "effective_attention_block_size": cfg.block_size,
-        }
-        if cfg.advertise_feh:
-            reg["native_frontend_hash_config"] = self.hash_config.to_advertisement()
-        return reg
+        return EngineCoreReadyResponse(
+            max_model_len=cfg.max_model_len,
+            num_gpu_blocks=cfg.num_gpu_blocks,
+            block_size=cfg.block_size,
+            dp_stats_address=None,
+            dtype="bfloat16",
+            vllm_version=cfg.vllm_version,
+            world_size=1,
+            data_parallel_size=1,
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            decode_context_parallel_size=1,
+            data_parallel_rank=self.rank,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=8192,
+            instance_id=f"pyfront-mock-{os.getpid()}-{self.rank}",
+            supports_lora=False,
+            max_loras=0,
+            mamba_block_size=None,
+            kv_cache_size_tokens=cfg.num_gpu_blocks * cfg.block_size,
+            kv_cache_max_concurrency=float(cfg.num_gpu_blocks * cfg.block_size) / cfg.max_model_len,
+            kv_events_config=None,
+            weight_transfer_backend=None,
+            enable_sleep_mode=False,
+            supports_draft_weight_updates=False,
+            effective_attention_block_size=cfg.block_size,
+            native_frontend_hash_config=(
+                NativeFrontendHashConfig.from_hash_config(self.hash_config) if cfg.advertise_feh else UNSET
+            ),
+        )
 
     def handshake(self) -> None:
+        """HELLO, INIT, registration on every input socket, READY: what a headless vLLM engine does."""
         hs = self.ctx.socket(zmq.DEALER)
         hs.setsockopt(zmq.IDENTITY, self.identity)
         hs.setsockopt(zmq.LINGER, 5000)
         hs.connect(self.config.handshake_address)
-        encode = msgspec.msgpack.encode
-        hs.send(encode({"status": "HELLO", "local": False, "headless": True}))
+        hs.send(codec.encode_handshake(EngineHandshakeMessage.hello()))
         while not hs.poll(100):
             if self.stop.is_set():
                 hs.close(0)
                 return
-        init = msgspec.msgpack.decode(hs.recv())
-        addresses = init["addresses"]
-        registration = encode(self.registration())
-        for input_address, output_address in zip(addresses["inputs"], addresses["outputs"], strict=True):
+        addresses = codec.decode_init(hs.recv()).addresses
+        registration = codec.encode_ready_response(self.registration())
+        for input_address, output_address in zip(addresses.inputs, addresses.outputs, strict=True):
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, self.identity)
             sock.setsockopt(zmq.LINGER, 0)
@@ -253,28 +268,32 @@ class MockEngineRank:
             push.setsockopt(zmq.SNDHWM, 0)
             push.connect(output_address)
             self.outputs.append(push)
-        hs.send(encode({"status": "READY", "local": False, "headless": True}))
+        hs.send(codec.encode_handshake(EngineHandshakeMessage.ready()))
         hs.close()
         logger.info("rank %d admitted by %d front-end process(es)", self.rank, len(self.inputs))
 
     # ------------------------------------------------------------------ inputs
 
     def handle_input(self, frames: list[bytes]) -> None:
-        kind = frames[0]
-        if kind == protocol.REQUEST_TYPE_ADD:
-            self.handle_add(codec.decode_request(frames[1:]))
+        """Decode one input message with the protocol's codec and act on it.
+
+        A malformed payload raises out of the rank's loop and ends it, as a real engine's input thread dies
+        (spec 2.9); an unknown type byte is only logged, so a test sees the mistake without losing the rank.
+        """
+        if bytes(frames[0]) not in _INPUT_TYPES:
+            logger.error("rank %d: unknown request type %r", self.rank, bytes(frames[0]))
+            return
+        kind, message = codec.decode_input(frames)
+        if isinstance(message, EngineCoreRequest):
+            self.handle_add(message)
+        elif isinstance(message, UtilityCall):
+            self.handle_utility(message.client_index, message.call_id, message.method_name, message.args)
         elif kind == protocol.REQUEST_TYPE_ABORT:
-            for request_id in msgspec.msgpack.decode(frames[1]):
+            assert isinstance(message, list)
+            for request_id in message:
                 self.aborts_received += 1
                 self.running.pop(request_id, None)
-        elif kind == protocol.REQUEST_TYPE_UTILITY:
-            client_index, call_id, method, args = msgspec.msgpack.decode(frames[1])
-            self.handle_utility(client_index, call_id, method, args)
-        elif kind == protocol.REQUEST_TYPE_START_DP_WAVE:
-            pass  # dense engine: nothing to do
-        else:
-            # A real engine's input thread dies here (spec 2.9); the mock says so loudly instead.
-            logger.error("rank %d: unknown request type %r", self.rank, kind)
+        # START_DP_WAVE: a dense engine has nothing to do.
 
     def handle_add(self, request: EngineCoreRequest) -> None:
         if self._arrivals is not None:

@@ -11,8 +11,8 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from pyfront.engine_client.protocol import EngineCoreReadyResponse
 from pyfront.hashing import HashConfig, default_none_hash
 
 logger = logging.getLogger(__name__)
@@ -44,21 +44,21 @@ def _differences(a: HashConfig, b: HashConfig) -> str:
     return ", ".join(parts)
 
 
-def negotiate(registrations: Mapping[int, Mapping[str, Any]], env_enabled: bool) -> Negotiation:
-    """Agree on one hash config across all engines (rank -> registration map), or explain why not."""
+def negotiate(registrations: Mapping[int, EngineCoreReadyResponse], env_enabled: bool) -> Negotiation:
+    """Agree on one hash config across all engines (rank -> registration), or explain why not."""
     if not env_enabled:
         return Negotiation(None, f"{FEH_ENV} is not set to 1: prompts are sent unhashed")
     if not registrations:
         return Negotiation(None, "no engines: prompts are sent unhashed")
     configs: dict[int, HashConfig] = {}
     for rank in sorted(registrations):
-        advertised = registrations[rank].get(ADVERTISEMENT_KEY)
+        advertised = registrations[rank].feh_config
         if advertised is None:
             return Negotiation(
                 None, f"engine rank {rank} does not advertise {ADVERTISEMENT_KEY}: prompts are sent unhashed"
             )
         try:
-            configs[rank] = HashConfig.from_advertisement(advertised)
+            configs[rank] = advertised.to_hash_config()
         except ValueError as exc:
             return Negotiation(
                 None,

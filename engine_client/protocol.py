@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple, cast
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
-from pyfront.hashing import ALGORITHM
+from pyfront.hashing import ALGORITHM, HashConfig
 
 __all__ = [
     "COORDINATOR_READY",
@@ -53,15 +53,11 @@ __all__ = [
     "REQUEST_TYPE_WAKEUP",
     "STOCK_REQUEST_FIELDS",
     "SUBSCRIBE_ALL",
-    "CoordinatorFirstRequest",
-    "CoordinatorStatsPublish",
     "EngineCoreEvent",
-    "EngineCoreEventType",
     "EngineCoreOutput",
     "EngineCoreOutputs",
     "EngineCoreReadyResponse",
     "EngineCoreRequest",
-    "EngineCoreRequestType",
     "EngineHandshakeMessage",
     "EngineHandshakeMetadata",
     "EngineZmqAddresses",
@@ -131,21 +127,6 @@ def engine_rank(identity: bytes) -> int:
     return int.from_bytes(identity, "little")
 
 
-class EngineCoreRequestType(enum.Enum):
-    """The type frame that precedes every front-end -> engine input message.
-
-    Same values as vLLM's ``EngineCoreRequestType``. The ``REQUEST_TYPE_*`` constants are the
-    same bytes without the enum indirection, for hot paths.
-    """
-
-    ADD = REQUEST_TYPE_ADD
-    ABORT = REQUEST_TYPE_ABORT
-    START_DP_WAVE = REQUEST_TYPE_START_DP_WAVE
-    UTILITY = REQUEST_TYPE_UTILITY
-    EXECUTOR_FAILED = REQUEST_TYPE_EXECUTOR_FAILED
-    WAKEUP = REQUEST_TYPE_WAKEUP
-
-
 class FinishReason(enum.IntEnum):
     """``EngineCoreOutput.finish_reason`` values (vLLM ``FinishReason``).
 
@@ -187,14 +168,6 @@ class RequestOutputKind(enum.IntEnum):
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
-
-
-class EngineCoreEventType(enum.IntEnum):
-    """``EngineCoreEvent.type`` values (engine-side timestamps for metrics)."""
-
-    QUEUED = 1
-    SCHEDULED = 2
-    PREEMPTED = 3
 
 
 # --------------------------------------------------------------------------------------
@@ -746,6 +719,19 @@ class NativeFrontendHashConfig(Struct):
     block_size: int
     none_hash: bytes
 
+    @classmethod
+    def from_hash_config(cls, config: HashConfig) -> NativeFrontendHashConfig:
+        """What an engine hashing with ``config`` advertises (the mock engine's registration)."""
+        return cls(config.algorithm, config.block_size, config.none_hash)
+
+    def to_hash_config(self) -> HashConfig:
+        """The config to hash with; ValueError for an algorithm, block size or none_hash pyfront cannot use.
+
+        The wire types were already checked by the decoder; this checks the values, so a well-formed but
+        unusable advertisement turns FEH off (with the reason) instead of failing the handshake.
+        """
+        return HashConfig(self.algorithm, self.block_size, self.none_hash)
+
 
 class EngineCoreReadyResponse(Struct):
     """An engine's registration on each input socket (a dataclass in vLLM: map of every field).
@@ -791,34 +777,6 @@ class EngineCoreReadyResponse(Struct):
         """The advertised FEH config, or None when absent or nil."""
         cfg = self.native_frontend_hash_config
         return None if cfg is UNSET else cfg
-
-
-# --------------------------------------------------------------------------------------
-# DP coordinator messages (spec 4.3)
-# --------------------------------------------------------------------------------------
-
-
-class CoordinatorStatsPublish(Struct, array_like=True):
-    """Coordinator -> front ends: ``[counts|nil, current_wave, engines_running]``.
-
-    ``counts`` is one ``[waiting, running, kv_cache_usage]`` per engine, nil when only the
-    wave state changed.
-    """
-
-    counts: list[list[Any]] | None
-    current_wave: int
-    engines_running: bool
-
-
-class CoordinatorFirstRequest(Struct, array_like=True):
-    """0.32 only, front end -> coordinator: ``[engine_to_exclude, current_wave]``.
-
-    vLLM's Python client sends the 2-byte identity (bytes) as the first element, vllm-rs an
-    int; both are accepted.
-    """
-
-    engine: int | bytes
-    wave: int
 
 
 # msgspec checks field annotations lazily; resolving them now turns a typo into an import error.

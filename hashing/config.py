@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 ALGORITHM = "sha256-pickle5-feh1"
 """The one recipe pyfront implements (engine-protocol.md section 7.2)."""
@@ -52,23 +50,6 @@ class HashConfig:
     def default(cls, block_size: int) -> HashConfig:
         """The feh1 config with this process's default none_hash."""
         return cls(ALGORITHM, block_size, default_none_hash())
-
-    @classmethod
-    def from_advertisement(cls, advertised: Mapping[str, Any]) -> HashConfig:
-        """Build from an engine's `native_frontend_hash_config` map; ValueError if it is malformed."""
-        try:
-            algorithm = advertised["algorithm"]
-            block_size = advertised["block_size"]
-            none_hash = advertised["none_hash"]
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed native_frontend_hash_config {advertised!r}: {exc}") from None
-        if isinstance(none_hash, bytearray | memoryview):
-            none_hash = bytes(none_hash)
-        return cls(algorithm, block_size, none_hash)
-
-    def to_advertisement(self) -> dict[str, Any]:
-        """The map an engine puts in its registration (used by the mock engine)."""
-        return {"algorithm": self.algorithm, "block_size": self.block_size, "none_hash": self.none_hash}
 
     def describe(self) -> str:
         """Short human form for logs: algorithm, block size and the first bytes of none_hash."""

@@ -158,7 +158,7 @@ def test_abort_reaches_the_engine_and_ends_the_stream() -> None:
             await asyncio.sleep(0.1)
             (stats,) = await engine_stats(client)
             assert stats["aborts"] == 1 and stats["running"] == 0
-            assert not client.is_in_flight("long")
+            assert client.num_in_flight == 0
 
     with mock_threads(port, [0]):
         asyncio.run(main())

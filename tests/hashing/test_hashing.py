@@ -112,10 +112,6 @@ def test_hash_config_is_frozen_and_comparable() -> None:
     assert len({a, HashConfig.default(16)}) == 1
     with pytest.raises(AttributeError):
         a.block_size = 32  # type: ignore[misc]
-    adv = {"algorithm": hashing.ALGORITHM, "block_size": 16, "none_hash": a.none_hash}
-    assert HashConfig.from_advertisement(adv) == a
-    with pytest.raises(ValueError):
-        HashConfig.from_advertisement({"algorithm": hashing.ALGORITHM, "block_size": 16})
 
 
 # ---------------------------------------------------------------- exactness, property-based

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from pyfront.engine_client.client import EngineClient, EngineClientConfig
@@ -344,9 +345,9 @@ def test_client_matches_vllm_frontend_greedy_tokens(
         )
 
         tokens, finish, client = asyncio.run(_pyfront_greedy(rpc1, engine1, chat_prompt_ids))
-        assert client.negotiation.config is None and client.hasher is None and client.feh_config is None
+        assert client.negotiation.config is None and client.hasher is None
         assert "does not advertise native_frontend_hash_config" in client.negotiation.reason
-        assert "native_frontend_hash_config" not in client.engines[0].registration
+        assert client.engines[0].registration.native_frontend_hash_config is msgspec.UNSET
         assert client.max_model_len == MAX_MODEL_LEN
         assert finish == FinishReason.LENGTH, f"finish_reason {finish}, tokens {tokens}"
         assert len(tokens) == GREEDY_TOKENS
@@ -639,7 +640,11 @@ def test_protocol_roundtrip_with_vllm_codec(vllm_venv: Path) -> None:
     assert set(outcomes) == {"passed"}, f"not all passed: { {k: v for k, v in outcomes.items() if k != 'passed'} }"
     passed = outcomes["passed"]
     assert len(passed) > 50
-    for name in ("test_round_trip_through_vllm_msgpack_codec", "test_struct_layouts_match_vllm"):
+    for name in (
+        "test_round_trip_through_vllm_msgpack_codec",
+        "test_struct_layouts_match_vllm",
+        "test_handshake_codecs_match_vllm_handshake_code",
+    ):
         assert any(nodeid.endswith(f"::{name}") for nodeid in passed), f"{name} did not run under vLLM"
 
 
