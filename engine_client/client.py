@@ -169,7 +169,13 @@ class RequestStream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _push(self, output: EngineCoreOutput) -> None:
+    def push(self, output: EngineCoreOutput) -> None:
+        """Deliver one output: to the listener at once, else into the buffer (waking a waiting consumer).
+
+        The producer's side of the stream: `EngineClient`'s output loop calls it for every routed output,
+        and an in-process engine (tests' FakeEngine) feeds streams the same way, so consumers cannot tell
+        them apart. Never blocks and never awaits.
+        """
         listener = self._listener
         if listener is not None:
             listener.on_output(output)
@@ -177,7 +183,14 @@ class RequestStream:
         self._buffer.append(output)
         self._wake()
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, *, finished: bool = False) -> None:
+        """End the stream with `error` (the first error wins); outputs already buffered are still delivered.
+
+        `finished=True` is an abort by this front end: `async for` then stops quietly after the buffered
+        outputs, while `get()` / `drain()` raise `error`, so callers waiting on one output learn why.
+        """
+        if finished:
+            self.finished = True
         if self._error is None:
             self._error = error
             if self._listener is not None:
@@ -233,6 +246,21 @@ class RequestStream:
         if output.finish_reason is not None:
             self.finished = True
         return output
+
+
+def feh_eligible(request: EngineCoreRequest) -> bool:
+    """Whether front-end block hashes may go with this request (spec 7.4 rule 3): plain token prompts only.
+
+    For LoRA, multimodal, prompt-embedding and resumable requests the engine hashes extra keys that the
+    feh1 recipe does not model, so hashes sent for them could share KV cache between different inputs.
+    """
+    return (
+        request.prompt_token_ids is not None
+        and request.lora_request is None
+        and not request.mm_features
+        and request.prompt_embeds is None
+        and not request.resumable
+    )
 
 
 def release_waiter(waiter: asyncio.Future[None]) -> None:
@@ -384,7 +412,7 @@ class EngineClient:
                 with contextlib.suppress(zmq.ZMQError):
                     await self._send(engine, codec.encode_abort(sorted(engine.in_flight)))
         for stream in self._streams.values():
-            stream._fail(EngineUnavailableError("the engine client is shutting down"))
+            stream.fail(EngineUnavailableError("the engine client is shutting down"))
         self._streams.clear()
         self._owner.clear()
         for task in self._tasks:
@@ -453,17 +481,6 @@ class EngineClient:
                 raise EngineDeadError(f"engine rank {engine.rank} is gone") from None
             raise
 
-    def feh_eligible(self, request: EngineCoreRequest) -> bool:
-        """Spec 7.4 rule 3: plain token prompts only."""
-        return (
-            self.hasher is not None
-            and request.prompt_token_ids is not None
-            and request.lora_request is None
-            and not request.mm_features
-            and request.prompt_embeds is None
-            and not request.resumable
-        )
-
     async def add_request(
         self,
         request: EngineCoreRequest,
@@ -484,9 +501,9 @@ class EngineClient:
         validate_request(request, self.max_model_len, self.config.client_count, trusted=trusted)
         if request.request_id in self._streams:
             raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight")
-        if self.feh_eligible(request):
+        if self.hasher is not None and feh_eligible(request):
             if prompt_block_hashes is None:
-                assert self.hasher is not None and request.prompt_token_ids is not None
+                assert request.prompt_token_ids is not None
                 # validate_request made sure (or the trusted caller did) that the ids are exact int32 ints.
                 prompt_block_hashes = await self.hasher.hash_prompt(
                     request.prompt_token_ids, request.cache_salt, checked=True
@@ -536,8 +553,7 @@ class EngineClient:
             engine = self._owner.get(request_id)
             stream = self._forget(request_id)
             if stream is not None:
-                stream.finished = True
-                stream._fail(RequestAbortedError(f"request {request_id!r} was aborted"))
+                stream.fail(RequestAbortedError(f"request {request_id!r} was aborted"), finished=True)
             if engine is not None and engine.connected:
                 by_engine.setdefault(engine.rank, []).append(request_id)
         for rank, ids in by_engine.items():
@@ -623,7 +639,7 @@ class EngineClient:
             stream = streams.get(output.request_id)
             if stream is None:
                 continue  # aborted here already: drop silently
-            stream._push(output)
+            stream.push(output)
             if output.finish_reason is not None:
                 self._forget(output.request_id)
         if batch.finished_requests:
@@ -660,7 +676,7 @@ class EngineClient:
         for request_id in failed:
             stream = self._forget(request_id)
             if stream is not None:
-                stream._fail(error)
+                stream.fail(error)
         if status == "stalled" and failed:
             # The process is alive: make sure it does not keep running requests nobody reads.
             asyncio.get_running_loop().create_task(self._abort_quietly(engine, failed))
