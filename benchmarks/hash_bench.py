@@ -22,7 +22,7 @@ from pyfront.hashing import HashConfig, PrefixMemo, block_hashes
 
 
 def reference_loop(token_ids: list[int], block_size: int, none_hash: bytes) -> list[bytes]:
-    """The recipe as the spec writes it, one block at a time."""
+    """The recipe as docs/engine-protocol.md#block-hash-recipe writes it, one block at a time."""
     out = []
     parent = none_hash
     for i in range(len(token_ids) // block_size):

@@ -4,7 +4,7 @@ Layering: `handshake` admits the engines; this module owns the per-process input
 PULL, sends ADD / ABORT / UTILITY, routes each decoded output batch once to per-request streams, and
 watches engine health. It knows nothing of HTTP, tokenizers or text.
 
-Health, since the protocol has no heartbeat (engine-protocol.md 5.2):
+Health, since the protocol has no heartbeat (docs/engine-protocol.md#health-and-death):
 - `ENGINE_CORE_DEAD` on the output socket (which engine sent it is not said) and every peer
   disconnect seen by a monitor on the input ROUTER trigger an immediate probe of every engine;
 - the input ROUTER is ROUTER_MANDATORY, so a send to an engine whose process is gone fails at once
@@ -249,7 +249,9 @@ class RequestStream:
 
 
 def feh_eligible(request: EngineCoreRequest) -> bool:
-    """Whether front-end block hashes may go with this request (spec 7.4 rule 3): plain token prompts only.
+    """Whether front-end block hashes may go with this request: plain token prompts only.
+
+    docs/engine-protocol.md#feh-negotiation, rule 3.
 
     For LoRA, multimodal, prompt-embedding and resumable requests the engine hashes extra keys that the
     feh1 recipe does not model, so hashes sent for them could share KV cache between different inputs.
@@ -491,7 +493,8 @@ class EngineClient:
     ) -> RequestStream:
         """Validate, hash (when negotiated), route and send one request; returns its output stream.
 
-        `prompt_block_hashes` lets n>1 children share their parent's hashes (spec 7.4 rule 4).
+        `prompt_block_hashes` lets n>1 children share their parent's hashes
+        (docs/engine-protocol.md#feh-negotiation, rule 4).
         `trusted`: the ids come from a tokenizer (or were range-checked) and the sampling parameters were
         validated by the caller, so those checks are not repeated on the event loop.
         """

@@ -11,7 +11,7 @@
   (zero-copy for aux frames). Ext types 1 and 2 (pickle / cloudpickle) are rejected.
 
 On top of those, the message-level functions build and parse what each socket carries
-(engine-protocol.md 1.3): the front end uses ``encode_add`` / ``encode_abort`` /
+(docs/engine-protocol.md#framing): the front end uses ``encode_add`` / ``encode_abort`` /
 ``encode_utility`` / ``decode_outputs`` / ``decode_handshake`` / ``decode_ready_response`` /
 ``encode_init``; a mock engine uses the mirror images ``decode_input`` / ``decode_request`` /
 ``encode_outputs`` / ``encode_handshake`` / ``encode_ready_response`` / ``decode_init``.
@@ -287,7 +287,7 @@ def decode_input(frames: Sequence[Buffer]) -> EngineInput:
     """What an engine's input DEALER received, ``[type, payload, aux...]``, decoded by type.
 
     Raises ValueError for a type byte a front end must not send (a real engine's input thread
-    dies on those, spec 2.9) and msgspec errors for malformed payloads.
+    dies on those, docs/engine-protocol.md#inputs-that-break-an-engine) and msgspec errors for malformed payloads.
     """
     if len(frames) < 2:
         raise ValueError(f"an input message has a type frame and a payload, got {len(frames)} frame(s)")

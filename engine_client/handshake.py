@@ -2,7 +2,7 @@
 
 Engines connect to the handshake ROUTER this process binds and say HELLO; we answer INIT with the
 addresses of every front-end process's input and output sockets; each engine then registers on every
-input socket and says READY here (engine-protocol.md 1.4). The handshake socket only carries HELLO,
+input socket and says READY here (docs/engine-protocol.md#handshake). The handshake socket only carries HELLO,
 INIT and READY, so one process can run it for several front-end processes (`client_index`), which
 collect their own registrations (see `EngineClient`).
 """

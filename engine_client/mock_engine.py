@@ -3,8 +3,8 @@
     python -m pyfront.engine_client.mock_engine --handshake-address tcp://127.0.0.1:62100 --ranks 0 1
 
 It handshakes as an external headless engine (one thread per rank; one process may run several ranks),
-registers on every front-end input socket, and serves ADD / ABORT / UTILITY exactly as engine-protocol.md
-sections 2, 3 and 9 describe, so vLLM's own front end can serve through it as well as pyfront.
+registers on every front-end input socket, and serves ADD / ABORT / UTILITY exactly as
+docs/engine-protocol.md#mock-engine describes, so vLLM's own front end can serve through it as well as pyfront.
 
 Generation is deterministic: the k-th token of a request is a function of its prompt, its seed and k,
 drawn from a list of whole-word token ids (so text reads as words, not as lone UTF-8 bytes). Requests
@@ -278,7 +278,8 @@ class MockEngineRank:
         """Decode one input message with the protocol's codec and act on it.
 
         A malformed payload raises out of the rank's loop and ends it, as a real engine's input thread dies
-        (spec 2.9); an unknown type byte is only logged, so a test sees the mistake without losing the rank.
+        (docs/engine-protocol.md#inputs-that-break-an-engine); an unknown type byte is only logged, so a test
+        sees the mistake without losing the rank.
         """
         if bytes(frames[0]) not in _INPUT_TYPES:
             logger.error("rank %d: unknown request type %r", self.rank, bytes(frames[0]))

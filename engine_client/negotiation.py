@@ -1,7 +1,7 @@
 """Decide whether front-end block hashing is on, from every engine's registration.
 
 Hashes go out only when `VLLM_NATIVE_FEH=1` and every engine advertised the same
-`native_frontend_hash_config` (engine-protocol.md 7.4 rule 1); otherwise pyfront behaves exactly as a
+`native_frontend_hash_config` (docs/engine-protocol.md#feh-negotiation, rule 1); otherwise pyfront behaves exactly as a
 stock front end and says why in one log line.
 """
 

@@ -2,10 +2,11 @@
 
 This module is the data model only: constants, enums and msgspec Structs whose msgpack
 encoding is byte-identical to what vLLM 0.32 itself sends (checked against
-``tests/data/engine-protocol-vectors.json``). Framing, aux frames and the tensor hooks live in
-:mod:`pyfront.engine_client.codec`. No sockets, no asyncio, no numpy/torch.
+``tests/data/engine-protocol-vectors.json``, see docs/engine-protocol.md#test-vectors). Framing, aux
+frames and the tensor hooks live in :mod:`pyfront.engine_client.codec`. No sockets, no asyncio, no numpy/torch.
 
-Rules that shaped these definitions (engine-protocol.md sections 2.1 and 3):
+Rules that shaped these definitions (docs/engine-protocol.md#msgpack-encoding and
+docs/engine-protocol.md#outputs):
 
 * vLLM's ``msgspec.Struct(array_like=True)`` types (``EngineCoreRequest``,
   ``EngineCoreOutput(s)``, ``UtilityOutput``, ``LoRARequest``) are arrays of *all* fields in
@@ -84,7 +85,8 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------
-# Frame-level constants (spec 1.3)
+# Frame-level constants (docs/engine-protocol.md#framing). The REQUEST_TYPE_* bytes are the values of
+# vLLM's EngineCoreRequestType (vllm/v1/engine/__init__.py).
 # --------------------------------------------------------------------------------------
 
 REQUEST_TYPE_ADD = b"\x00"
@@ -108,11 +110,13 @@ SUBSCRIBE_ALL = b"\x01"
 """What an XSUB sends to subscribe to everything (engines on the coordinator XPUB)."""
 
 FEH_ALGORITHM = ALGORITHM
-"""The only ``native_frontend_hash_config.algorithm`` pyfront understands (spec 7)."""
+"""The only ``native_frontend_hash_config.algorithm`` pyfront knows (docs/engine-protocol.md#block-hash-recipe)."""
 
 
 def engine_identity(rank: int) -> bytes:
-    """ZMQ identity of the engine with this global DP rank: 2 bytes little-endian (spec 1.2).
+    """ZMQ identity of the engine with this global DP rank: 2 bytes little-endian.
+
+    docs/engine-protocol.md#sockets-and-identities.
 
     Engines use it on the handshake and input sockets; the front end addresses an engine by
     sending ``[identity, type, payload, ...]`` on its input ROUTER.
@@ -171,7 +175,7 @@ class RequestOutputKind(enum.IntEnum):
 
 
 # --------------------------------------------------------------------------------------
-# Tensors (spec 3.4)
+# Tensors (docs/engine-protocol.md#tensors-and-aux-frames)
 # --------------------------------------------------------------------------------------
 
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
@@ -343,7 +347,7 @@ class LogprobsTensors(Struct, array_like=True, gc=False):
 
 
 # --------------------------------------------------------------------------------------
-# Front end -> engine: ADD (spec 2.3-2.6)
+# Front end -> engine: ADD (docs/engine-protocol.md#requests)
 # --------------------------------------------------------------------------------------
 
 
@@ -351,8 +355,9 @@ class StructuredOutputsParams(Struct):
     """``SamplingParams.structured_outputs``: a pydantic dataclass in vLLM, so a map of all 11 keys.
 
     Exactly one of json / regex / choice / grammar / json_object / structural_tag must be set or
-    the engine's decoder fails (and takes its input thread down, spec 2.9). ``backend`` must be
-    resolved by the front end ("xgrammar", "guidance", ...) and identical on every request.
+    the engine's decoder fails (and takes its input thread down,
+    docs/engine-protocol.md#inputs-that-break-an-engine). ``backend`` must be resolved by the front end
+    ("xgrammar", "guidance", ...) and identical on every request.
     """
 
     json: str | dict[str, Any] | None = None
@@ -452,8 +457,8 @@ STOCK_REQUEST_FIELDS = 22
 class EngineCoreRequest(Struct, array_like=True, omit_defaults=True, gc=False):
     """The ADD payload: vLLM 0.32's 22-field ``EngineCoreRequest`` plus pyfront's FEH field.
 
-    Index 22, ``prompt_block_hashes``, is pyfront's front-end block hashing extension (spec
-    7.1): the ``FEH1`` blob, or nil. Only engines that advertised
+    Index 22, ``prompt_block_hashes``, is pyfront's front-end block hashing extension
+    (docs/engine-protocol.md#feh-request-field): the ``FEH1`` blob, or nil. Only engines that advertised
     ``native_frontend_hash_config`` may receive it; :func:`pyfront.engine_client.codec.encode_add`
     sends the stock 22 elements to every other engine. (The fork's design note puts the field
     "right after session_id", index 21, which collides with 0.32's ``kv_hints``; pyfront
@@ -509,7 +514,7 @@ class StartDpWave(Struct, array_like=True):
 
 
 # --------------------------------------------------------------------------------------
-# Engine -> front end (spec 3)
+# Engine -> front end (docs/engine-protocol.md#outputs)
 # --------------------------------------------------------------------------------------
 
 
@@ -657,7 +662,8 @@ class EngineCoreOutputs(Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 # --------------------------------------------------------------------------------------
-# Handshake and registration (spec 1.4, 1.5, 7.1)
+# Handshake and registration (docs/engine-protocol.md#handshake, docs/engine-protocol.md#registration,
+# docs/engine-protocol.md#feh-advertisement)
 # --------------------------------------------------------------------------------------
 
 
@@ -710,7 +716,7 @@ class EngineHandshakeMetadata(Struct):
 
 
 class NativeFrontendHashConfig(Struct):
-    """The FEH capability an engine advertises in its registration (spec 7.1).
+    """The FEH capability an engine advertises in its registration (docs/engine-protocol.md#feh-advertisement).
 
     Hashes may be sent to an engine only if this is present and equal on every engine.
     """

@@ -1,8 +1,8 @@
 """Check an ADD before it leaves: the engine validates while decoding, outside any try block.
 
-A request the engine's decoder rejects (engine-protocol.md 2.9) kills the engine's input thread
-silently, so everything `SamplingParams._verify_args` / `verify()` would refuse is refused here first,
-with a ValueError the server turns into a 400.
+A request the engine's decoder rejects (docs/engine-protocol.md#inputs-that-break-an-engine) kills
+the engine's input thread silently, so everything `SamplingParams._verify_args` / `verify()` would refuse
+is refused here first, with a ValueError the server turns into a 400.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Block i = sha256(pickle.dumps((parent, tuple(block_i_token_ids), extra_keys), protocol=5)), where parent is
 the config's none_hash for block 0 and the previous digest after that, and extra_keys is (cache_salt,) on
-block 0 of a salted prompt, else None. Only full blocks are hashed.
+block 0 of a salted prompt, else None. Only full blocks are hashed (docs/engine-protocol.md#block-hash-recipe,
+which also says where stock vLLM differs).
 
 The loop below *is* the recipe: pickle.dumps on the very tuple the engine would build, so the result is
 exact for every value pickle accepts (ids of any size or sign included). Hand-encoding pickle opcodes was

