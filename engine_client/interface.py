@@ -7,7 +7,7 @@ Both hand out real `RequestStream` objects, so the server's consumption of outpu
 ``drain()``) is the same code in either case.
 
 The list is exactly what the server uses today; a member the server starts to use belongs here first,
-so that the fake cannot fall behind the real client unnoticed (``tests/test_fakes.py`` checks both).
+so that the fake cannot fall behind the real client unnoticed (``tests/engine_client/test_fakes.py`` checks both).
 Construction and start-up (``EngineClient.start``) are not part of it: each side builds its own.
 """
 

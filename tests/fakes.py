@@ -8,7 +8,7 @@ the outputs go into real `RequestStream` objects through `RequestStream.push`, t
     engine = FakeEngine(script=lambda request: [...])    # or script every step yourself
     state.engine = engine                                # wherever the server takes its Engine
 
-What it mirrors from `EngineClient` (``tests/test_fakes.py`` checks each against the ZMQ client):
+What it mirrors from `EngineClient` (``tests/engine_client/test_fakes.py`` checks each against the ZMQ client):
 - `add_request` validates with `validate_request` (ValueError), refuses an id already in flight
   (`DuplicateRequestError`), hashes eligible prompts when given a `hasher`, and raises
   `EngineUnavailableError` once closed or dead;

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "engine-protocol.md"
-SEARCHED = ("engine_client", "hashing", "server", "tests", "benchmarks", "tools", "docker", "README.md")
+SEARCHED = ("engine_client", "hashing", "server", "tests", "benchmarks", "tools", "docker", "docs", "README.md")
 REFERENCE = re.compile(r"docs/engine-protocol\.md((?:#[a-z0-9-]+)?)")
 CHAINED = re.compile(r"(?:^|[\s(,])(#[a-z0-9][a-z0-9-]*)\b")  # "... and #outputs" after a full reference
 

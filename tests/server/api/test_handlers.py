@@ -7,6 +7,7 @@ end-to-end tests (tests/server/test_server.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from pyfront.engine_client.protocol import EngineCoreOutput, EngineCoreRequest
 from pyfront.hashing import ALGORITHM, HashConfig, PromptHasher, block_hashes, default_none_hash, pack_block_hashes
 from pyfront.server.app import create_app
 from pyfront.server.config import ServerConfig
+from pyfront.server.errors import RequestValidationError
 from pyfront.server.state import ServingState
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.fakes import DEFAULT_TOKENS, FakeEngine, Step
@@ -152,10 +154,15 @@ async def test_engine_refusals_map_to_the_api_error_shape(state: ServingState, h
     unavailable = await http.post("/v1/chat/completions", json=chat_body())
     assert unavailable.status_code == 503
     assert unavailable.json()["error"]["code"] == 503
-    engine.fail_next_add(ValueError("the engine would refuse this"))
+    engine.fail_next_add(RequestValidationError("the engine would refuse this"))
     refused = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == "the engine would refuse this"
+    # A plain ValueError from the engine client (its own checks, after the server validated) is a server
+    # bug by the error table (server/errors.py): a logged 500, not the client's fault.
+    engine.fail_next_add(ValueError("validate_request refused it"))
+    bug = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert bug.status_code == 500
     assert engine.num_in_flight == 0
 
 
@@ -169,14 +176,23 @@ async def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error_even
 ) -> None:
     engine = use(state, FakeEngine(held_open))
 
-    async with http.stream("POST", "/v1/chat/completions", json=chat_body(stream=True)) as response:
-        assert response.status_code == 200
-        seen = ""
-        async for chunk in response.aiter_text():
-            seen += chunk
-            if seen.count("data: ") >= 3 and engine.num_in_flight:  # role chunk + two tokens
-                engine.die()
-    events = sse_events(seen)
+    async def die_while_streaming() -> None:
+        # httpx's ASGITransport hands back a response only once the app has finished, so the test cannot
+        # react to chunks as they come: the engine dies from here once its two tokens had time to stream.
+        while not engine.num_in_flight:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        engine.die()
+
+    killer = asyncio.create_task(die_while_streaming())
+    response = await http.post("/v1/chat/completions", json=chat_body(stream=True))
+    await killer
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    streamed = "".join(
+        e["choices"][0]["delta"].get("content", "") for e in events if isinstance(e, dict) and e.get("choices")
+    )
+    assert streamed == words(state, DEFAULT_TOKENS[:2])  # what came before the engine died
     errors = [e for e in events if isinstance(e, dict) and "error" in e]
     assert len(errors) == 1 and errors[0]["error"]["code"] >= 500
     assert events[-1] == "[DONE]"

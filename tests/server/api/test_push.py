@@ -118,11 +118,11 @@ async def test_outputs_before_and_after_run_are_written_once_in_order() -> None:
     frames = FakeFrames()
     send = FakeSend()
     push = PushStream(generation, frames, metrics)
-    stream._push(output(1))  # buffered before the stream listens: taken first by run()
+    stream.push(output(1))  # buffered before the stream listens: taken first by run()
     task = asyncio.create_task(push.run(send))
     await asyncio.sleep(0)
-    stream._push(output(2))  # straight from the "output loop" to the listener
-    stream._push(output(3, finish=FinishReason.LENGTH))
+    stream.push(output(2))  # straight from the "output loop" to the listener
+    stream.push(output(3, finish=FinishReason.LENGTH))
     await asyncio.wait_for(task, 2)
     assert send.text == "tok:[1]\ntok:[2]\ntok:[3]\nclosing\n" + DONE_FRAME.decode()
     assert generation.finished == 1
@@ -137,8 +137,8 @@ async def test_a_send_that_suspends_keeps_later_frames_in_order() -> None:
     task = asyncio.create_task(push.run(send))
     await asyncio.sleep(0)
     for i in range(1, 5):
-        stream._push(output(i))
-    stream._push(output(5, finish=FinishReason.STOP))
+        stream.push(output(i))
+    stream.push(output(5, finish=FinishReason.STOP))
     await asyncio.sleep(0.01)
     assert send.bodies == [b"tok:[1]\n"]  # frame 2 waits for the client; 3-5 queue behind it
     assert not task.done()
@@ -154,9 +154,9 @@ async def test_a_rendering_error_ends_the_stream_with_one_error_event_and_aborts
     push = PushStream(generation, FakeFrames(fail_on=2), metrics)
     task = asyncio.create_task(push.run(send))
     await asyncio.sleep(0)
-    stream._push(output(1))
-    stream._push(output(2))
-    stream._push(output(3))  # after the error: dropped
+    stream.push(output(1))
+    stream.push(output(2))
+    stream.push(output(3))  # after the error: dropped
     await asyncio.wait_for(task, 2)
     events = re.findall(r"^data: (\{.*\})$", send.text, re.M)
     assert send.bodies[0] == b"tok:[1]\n"
@@ -173,8 +173,8 @@ async def test_an_engine_abort_ends_the_stream_normally() -> None:
     send = FakeSend()
     task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
     await asyncio.sleep(0)
-    stream._push(output(1))
-    stream._fail(RequestAbortedError("aborted"))
+    stream.push(output(1))
+    stream.fail(RequestAbortedError("aborted"))
     await asyncio.wait_for(task, 2)
     assert send.text == "tok:[1]\nclosing\n" + DONE_FRAME.decode()
 
@@ -185,7 +185,7 @@ async def test_keepalive_comments_while_the_engine_is_silent() -> None:
     send = FakeSend()
     task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
     await asyncio.sleep(0.09)
-    stream._push(output(1, finish=FinishReason.STOP))
+    stream.push(output(1, finish=FinishReason.STOP))
     await asyncio.wait_for(task, 2)
     keepalives = send.bodies.count(KEEPALIVE_FRAME)
     assert keepalives >= 2
@@ -206,12 +206,12 @@ async def test_a_client_that_leaves_cancels_the_task_and_aborts_the_engine_reque
     send = FakeSend()
     task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
     await asyncio.sleep(0)
-    stream._push(output(1))
+    stream.push(output(1))
     task.cancel()  # what SSEResponse does on http.disconnect
     with pytest.raises(asyncio.CancelledError):
         await task
     assert generation.aborts >= 1
-    stream._push(output(2))  # the output loop keeps routing: nothing more is written
+    stream.push(output(2))  # the output loop keeps routing: nothing more is written
     assert send.bodies == [b"tok:[1]\n"]
 
 
@@ -221,7 +221,7 @@ async def test_a_send_that_fails_stops_writing_and_aborts() -> None:
     task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
     await asyncio.sleep(0)
     for i in range(1, 4):
-        stream._push(output(i))
+        stream.push(output(i))
     with pytest.raises(OSError):
         await asyncio.wait_for(task, 2)  # SSEResponse treats OSError from send as the client gone
     assert send.bodies == [b"tok:[1]\n"]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -25,13 +27,38 @@ from pyfront.engine_client.client import (
     RequestStream,
 )
 from pyfront.engine_client.interface import Engine, EngineLoad
+from pyfront.engine_client.mock_engine import MockConfig, run_mock_engine
 from pyfront.engine_client.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
 from pyfront.hashing import HashConfig, PromptHasher, block_hashes, unpack_block_hashes
 from tests.conftest import free_port
 from tests.fakes import DEFAULT_TOKENS, FakeEngine, Step, echo_script
-from tests.test_engine_client import EOS, client_for, mock_threads
 
 SCRIPT = (11, 22, 33, 44, 55, 66)
+EOS = 151645
+
+
+@contextmanager
+def mock_threads(port: int, **options: Any) -> Iterator[None]:
+    """One mock engine rank on a thread of this process, for the ZMQ side of the comparisons."""
+    stop = threading.Event()
+    config = MockConfig(handshake_address=f"tcp://127.0.0.1:{port}", ranks=[0], **options)
+    thread = threading.Thread(target=run_mock_engine, args=(config, stop), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+@asynccontextmanager
+async def client_for(port: int) -> AsyncIterator[EngineClient]:
+    config = EngineClientConfig(data_parallel_rpc_port=port, startup_timeout_s=20, feh_enabled=False)
+    client = await EngineClient.start(config)
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 def make_request(request_id: str, max_tokens: int = 5, prompt_len: int = 40, **sampling: Any) -> EngineCoreRequest:
@@ -204,14 +231,14 @@ def run_on_zmq_client(scenario: Scenario) -> dict[str, Any]:
     port = free_port()
 
     async def main() -> dict[str, Any]:
-        async with client_for(port, 1, feh_enabled=False) as client:
+        async with client_for(port) as client:
             return await scenario(client)
 
     # The mock gives the first requests of each scenario SCRIPT (scripts are used in arrival order);
     # "held*" requests get generated tokens, which run far longer than any scenario waits.
     scripted_requests: dict[Scenario, int] = {scenario_order_and_finish: 3, scenario_drain_and_listen: 2}
     scripted = scripted_requests.get(scenario, 0)
-    with mock_threads(port, [0], scripts=[SCRIPT] * scripted, step_interval_s=0.005):
+    with mock_threads(port, scripts=[SCRIPT] * scripted, step_interval_s=0.005):
         return asyncio.run(main())
 
 
