@@ -75,8 +75,9 @@ class Engine(Protocol):
     ) -> RequestStream:
         """Send one request; its outputs arrive, in order, on the returned stream.
 
-        Raises ValueError (a 400) for a request the engine would refuse, `DuplicateRequestError` for an id
-        already in flight, and `EngineError` subclasses when no engine can take it.
+        Raises ValueError for a request the engine would refuse (the server checks first, so for the server
+        it is a logged 500), `DuplicateRequestError` for an id already in flight, and `EngineError` subclasses
+        when no engine can take it.
         """
         ...
 

@@ -2,7 +2,8 @@
 
 A request the engine's decoder rejects (docs/engine-protocol.md#inputs-that-break-an-engine) kills
 the engine's input thread silently, so everything `SamplingParams._verify_args` / `verify()` would refuse
-is refused here first, with a ValueError the server turns into a 400.
+is refused here first, with a ValueError. The server's sampling builder checks every request before this
+(its result always passes), so a ValueError from here reaching the server is a bug of the server's: a logged 500.
 """
 
 from __future__ import annotations

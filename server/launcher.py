@@ -1,7 +1,8 @@
 """Running the server: one process, or `--api-server-count N` processes sharing one port.
 
 With N > 1 the parent process owns the engine handshake: it picks one input/output address pair per API
-server, answers every engine's HELLO with all N pairs (engine-protocol.md 1.6), and supervises. Each API
+server, answers every engine's HELLO with all N pairs (docs/engine-protocol.md#several-front-end-processes),
+and supervises. Each API
 server is a separate engine client (its own `client_index`, sockets, hash memo and event loop) that binds
 its pair, collects every engine's registration, and serves HTTP on a SO_REUSEPORT socket, so the kernel
 spreads connections across the processes. Metrics add up across processes through prometheus_client's

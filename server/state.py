@@ -12,9 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyfront.engine_client.client import (
-    EngineClient,
-)
+from pyfront.engine_client.interface import Engine
 from pyfront.server.errors import APIError
 from pyfront.server.metrics import Metrics
 from pyfront.server.text.tokenizer import ChatTokenizer
@@ -44,7 +42,8 @@ class ServingState:
     enable_prompt_tokens_details: bool = False
     """Report usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), as vLLM does."""
     active: int = 0
-    engine: EngineClient | None = None
+    engine: Engine | None = None
+    """The engine client (EngineClient over ZMQ; in-process tests put a FakeEngine here), None until it starts."""
     engine_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     render_pool: ThreadPoolExecutor = field(
@@ -60,7 +59,7 @@ class ServingState:
             return min(self.max_model_len_override, engine_len) if engine_len else self.max_model_len_override
         return engine_len
 
-    def require_engine(self) -> EngineClient:
+    def require_engine(self) -> Engine:
         engine = self.engine
         if engine is None:
             reason = self.engine_error or "the engines are still starting"

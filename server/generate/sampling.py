@@ -11,7 +11,7 @@ same fields are set, with the same values, and floats vLLM creates at run time (
 keys. ``n`` is always 1: the server fans ``request.n`` out with :func:`child_params`, like vLLM's
 ``ParentRequest``.
 
-Anything the engine would refuse while decoding (engine-protocol.md 2.9) raises
+Anything the engine would refuse while decoding (docs/engine-protocol.md#inputs-that-break-an-engine) raises
 :class:`~pyfront.server.errors.RequestValidationError` here, and the result always passes
 :func:`pyfront.engine_client.validation.validate_sampling_params`.
 """
