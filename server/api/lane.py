@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyfront.server.api.chat.handler import chat_response
@@ -41,10 +43,51 @@ class FastLane:
             raw = await read_body(receive)
             if raw is None:
                 return  # the client left before sending its body
-            response = await self.handlers[scope["path"]](state, self.config, raw, RequestHeaders(scope))
+            handler = self.handlers[scope["path"]](state, self.config, raw, RequestHeaders(scope))
+            response = await _unless_client_leaves(handler, receive)
+            if response is None:
+                return  # the client left while its answer was being made: the handler was cancelled
         except Exception as exc:
             response = exception_response(state, exc)
         await response(scope, receive, send)
+
+
+_CLIENT_LEFT = "pyfront: the client disconnected"
+
+
+async def _unless_client_leaves(handler: Coroutine[Any, Any, Response], receive: Receive) -> Response | None:
+    """Run `handler`, cancelling it if the client disconnects first (vLLM's `with_cancellation`).
+
+    A non-streamed answer is made entirely inside the handler (it waits for the last token), so a
+    client that gives up would otherwise keep its engine requests running to the end and its admission
+    slot taken. The body has been read, so the next message `receive` gives is the disconnect. The
+    handler runs in this task; a watcher task waits for that message and cancels this one, with a
+    message of its own so that no other cancel (a shutdown's) is mistaken for it. Cancelled, the handler
+    aborts its engine requests and releases its admission in its own clean-up (Generation.abort, the
+    `finally` that releases). A streamed answer is returned at once, and the SSE response watches for the
+    disconnect from then on.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        task.cancel(_CLIENT_LEFT)
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        return await handler
+    except asyncio.CancelledError as exc:
+        if not left or exc.args[:1] != (_CLIENT_LEFT,):
+            raise
+        task.uncancel()
+        return None
+    finally:
+        watcher.cancel()
 
 
 class PyfrontApp(FastAPI):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,14 +10,6 @@ import anyio.to_thread
 from starlette.types import Receive, Scope
 
 logger = logging.getLogger("pyfront.server")
-
-
-_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
-"""A header value that is safe to send back: visible ASCII, inner spaces and tabs (no CR/LF, no controls)."""
-
-
-def valid_header_value(value: str) -> bool:
-    return _HEADER_VALUE.fullmatch(value) is not None
 
 
 LARGE_BODY_BYTES = 256 * 1024

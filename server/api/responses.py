@@ -11,7 +11,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from pyfront.engine_client.client import EngineError
-from pyfront.server.api.request import valid_header_value
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import (
     APIError,
@@ -20,6 +19,7 @@ from pyfront.server.errors import (
     error_response,
     to_api_error,
 )
+from pyfront.server.openai.validate import valid_header_value
 from pyfront.server.state import ServingState
 
 _encode = msgspec.json.encode

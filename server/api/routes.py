@@ -76,10 +76,14 @@ def add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None:
 
     @app.get("/ready")
     async def ready() -> Response:
-        """Readiness: 503 until every engine has been admitted (and while none is healthy)."""
+        """Readiness: 503 until every engine has been admitted, and while none is healthy (saying which it is)."""
         engine = state.engine
-        if engine is None or not engine.healthy:
+        if engine is None:
             return json_response({"ready": False, "status": state.engine_error or "starting"}, 503)
+        if not engine.healthy:
+            return json_response(
+                {"ready": False, "status": "no healthy engine", "engines": engine.health()["engines"]}, 503
+            )
         return json_response({"ready": True})
 
     @app.get("/metrics")

@@ -88,6 +88,13 @@ def _decode(decoder: msgspec.json.Decoder[_T], body: bytes | bytearray | memoryv
         raise _translate(exc) from None
     except msgspec.DecodeError as exc:
         raise RequestValidationError(f"The request body is not valid JSON: {exc}", None) from None
+    except RecursionError:
+        # msgspec counts nesting against the interpreter's recursion limit (about 1,000 levels), in any field,
+        # known or not: the body is refused as a whole, since no field of any route nests that deep.
+        raise RequestValidationError(
+            "The request body is nested too deeply: JSON arrays and objects may nest at most a few hundred levels.",
+            None,
+        ) from None
 
 
 def decode_chat_request(

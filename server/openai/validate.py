@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json as _stdlib_json
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -180,6 +181,33 @@ def _check_cache_salt(cache_salt: str | None) -> None:
         raise RequestValidationError(
             "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
             "cache_salt",
+        )
+
+
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+"""A header value that is safe to send back: visible ASCII, inner spaces and tabs (no CR/LF, no controls)."""
+
+
+MAX_REQUEST_ID_LENGTH = 512
+
+
+def valid_header_value(value: str) -> bool:
+    return _HEADER_VALUE.fullmatch(value) is not None
+
+
+def _check_request_id(request_id: str | None) -> None:
+    """A body ``request_id`` becomes the response's id and its X-Request-Id header: it must be a valid header value.
+
+    Checked before anything runs: a CR, LF or NUL (or any control or non-ASCII character) cannot go back as
+    a header, and finding out after the generation wasted it (or, streamed, lost the response).
+    """
+    if request_id is None:
+        return
+    if len(request_id) > MAX_REQUEST_ID_LENGTH or not valid_header_value(request_id):
+        raise RequestValidationError(
+            f"request_id must be 1 to {MAX_REQUEST_ID_LENGTH} visible ASCII characters (inner spaces allowed): "
+            "it is sent back as the X-Request-Id header.",
+            "request_id",
         )
 
 
@@ -373,6 +401,7 @@ def _check_chat(r: ChatCompletionRequest, allow_request_chat_template: bool) -> 
     if r.logprobs and not r.logprob_token_ids:
         _check_max_logprobs(tl, "top_logprobs")
     _check_sampling_ranges(r)
+    _check_request_id(r.request_id)
     _check_tools(r)
     if r.continue_final_message and r.add_generation_prompt:
         raise RequestValidationError(
@@ -450,6 +479,7 @@ def _check_completion(r: CompletionRequest) -> None:
         if not r.logprob_token_ids:
             _check_max_logprobs(lp, "logprobs")
     _check_sampling_ranges(r)
+    _check_request_id(r.request_id)
     if r.suffix is not None:
         if r.echo:
             raise RequestValidationError("Echo is unsupported with suffix.", "suffix")

@@ -298,8 +298,9 @@ def test_request_id_headers_follow_vllm(served: tuple[Served, str]) -> None:
         from_body = http.post("/v1/completions", json={**CHAT, "prompt": "hi", "request_id": "body-7"})
         assert from_body.headers["x-request-id"] == "body-7" and from_body.json()["id"] == "cmpl-body-7"
         unsafe = http.post("/v1/completions", json={**CHAT, "prompt": "hi", "request_id": "a\r\nSet-Cookie: x=1"})
-        assert unsafe.status_code == 200 and "set-cookie" not in unsafe.headers
-        assert len(unsafe.headers["x-request-id"]) == 32  # a fresh uuid4 hex instead of the unsafe value
+        # Refused up front (it could not go back as a header); the 400 carries a fresh uuid4 hex instead.
+        assert unsafe.status_code == 400 and unsafe.json()["error"]["param"] == "request_id"
+        assert "set-cookie" not in unsafe.headers and len(unsafe.headers["x-request-id"]) == 32
         other = http.get("/v1/models", headers={"X-Request-Id": "m-1"})
         assert other.headers["x-request-id"] == "m-1"
         assert len(http.get("/health").headers["x-request-id"]) == 32

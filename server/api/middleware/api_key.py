@@ -12,7 +12,10 @@ from pyfront.server.errors import (
 
 
 class APIKeyMiddleware:
-    """Every route needs `Authorization: Bearer <key>` except /health (and /metrics unless told otherwise).
+    """Every route needs `Authorization: Bearer <key>` except the open paths (/health, /ready; /metrics unless told).
+
+    OPTIONS needs the key too: a 405 with its Allow header (or a 404) would tell an anonymous client which
+    routes exist. CORS preflights never get here: CORSMiddleware, outside this one, answers them itself.
 
     Keys are compared with hmac.compare_digest against every configured key, so the time taken does not
     depend on how much of a key matched.
@@ -24,7 +27,7 @@ class APIKeyMiddleware:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.open_paths:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         given = b""

@@ -1,12 +1,10 @@
-"""Request body size limit: 413 by Content-Length or while the body is read."""
+"""Request body size limit: 413 by Content-Length, or while the body is read (BodyTooLarge, an APIError)."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pyfront.server.errors import (
-    error_response,
-)
+from pyfront.server.errors import APIError, error_response
 
 
 class BodyLimitMiddleware:
@@ -33,17 +31,21 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _BodyTooLarge
+                    raise BodyTooLarge(limit)
             return message
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await self._refuse(scope, receive, send)
+        await self.app(scope, limited_receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response(413, f"request body exceeds the {self.limit}-byte limit")(scope, receive, send)
+        await error_response(413, BodyTooLarge(self.limit).message)(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(APIError):
+    """Raised from `receive` once a body (chunked, or longer than it said) passes the limit: a 413.
+
+    An APIError, so whoever reads the body answers it the way it answers its other errors: the fast lane
+    and FastAPI's handlers alike (an exception of its own became a 500 on the fast lane).
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds the {limit}-byte limit")

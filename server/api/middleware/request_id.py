@@ -6,7 +6,8 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pyfront.server.api.request import RequestHeaders, valid_header_value
+from pyfront.server.api.request import RequestHeaders
+from pyfront.server.openai.validate import valid_header_value
 
 
 class RequestIdHeaderMiddleware:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -17,14 +18,14 @@ import pytest
 from fastapi import FastAPI
 
 from pyfront.engine_client.client import EngineUnavailableError
-from pyfront.engine_client.protocol import EngineCoreOutput, EngineCoreRequest
+from pyfront.engine_client.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LogprobsLists, WireTensor
 from pyfront.hashing import ALGORITHM, HashConfig, PromptHasher, block_hashes, default_none_hash, pack_block_hashes
 from pyfront.server.app import create_app
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import RequestValidationError
 from pyfront.server.state import ServingState
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from tests.fakes import DEFAULT_TOKENS, FakeEngine, Step
+from tests.fakes import DEFAULT_TOKENS, FakeEngine, Script, Step
 
 pytestmark = pytest.mark.anyio
 
@@ -226,3 +227,168 @@ async def test_prompt_block_hashes_go_with_the_request_when_the_engine_hashes(
     [request] = engine.added
     assert request.prompt_token_ids is not None and len(request.prompt_token_ids) > 16
     assert request.prompt_block_hashes == pack_block_hashes(block_hashes(request.prompt_token_ids, config), 16)
+
+
+async def call_then_leave(app: FastAPI, path: str, body: dict[str, Any], leave: asyncio.Event) -> list[Any]:
+    """Drive the application as a server would, the client disconnecting once `leave` is set; what it sent."""
+    sent: list[Any] = []
+    messages = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("test", 80),
+    }  # fmt: skip
+    await app(scope, receive, send)
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", chat_body(max_tokens=3000)),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 3000, "n": 2}),
+    ],
+)
+async def test_a_client_that_leaves_a_non_streamed_request_aborts_it_in_the_engine(
+    app: FastAPI, state: ServingState, path: str, body: dict[str, Any]
+) -> None:
+    """As vLLM's `with_cancellation`: the engine requests are aborted and the admission slot comes back."""
+    engine = use(state, FakeEngine(held_open))
+    leave = asyncio.Event()
+
+    async def leave_once_running() -> None:
+        while engine.num_in_flight < len(engine.added) or not engine.added:
+            await asyncio.sleep(0.01)
+        leave.set()
+
+    leaver = asyncio.create_task(leave_once_running())
+    sent = await asyncio.wait_for(call_then_leave(app, path, body, leave), 5)
+    await leaver
+    assert sent == []  # nobody to answer
+    assert sorted(engine.aborted) == sorted(engine.added_ids) and engine.num_in_flight == 0
+    assert state.active == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("request_id", ["a\r\nb", "a\nx-evil: 1", "nul\x00", "é", "€", "tab\tend ", "x" * 513])
+async def test_a_request_id_that_cannot_be_a_header_is_refused_up_front(
+    state: ServingState, http: httpx.AsyncClient, request_id: str, stream: bool
+) -> None:
+    engine = use(state, FakeEngine())
+    for path, body in (
+        ("/v1/chat/completions", chat_body(request_id=request_id, stream=stream)),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "request_id": request_id, "stream": stream}),
+    ):
+        response = await http.post(path, json=body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "request_id"
+    assert engine.added == []
+
+
+async def test_a_valid_body_request_id_is_the_response_id(state: ServingState, http: httpx.AsyncClient) -> None:
+    use(state, FakeEngine())
+    response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "request_id": "my id-1"})
+    assert response.status_code == 200 and response.json()["id"] == "cmpl-my id-1"
+
+
+DEEP_CASES = [
+    ("/v1/chat/completions", '"messages": [{"role": "user", "content": "hi"}]', "chat_template_kwargs"),
+    ("/v1/chat/completions", '"messages": [{"role": "user", "content": "hi"}]', "x"),
+    ("/v1/completions", '"prompt": "hi"', "vllm_xargs"),
+    ("/v1/completions", '"prompt": "hi"', "x"),
+    ("/tokenize", '"prompt": "hi"', "chat_template_kwargs"),
+    ("/tokenize", '"prompt": "hi"', "x"),
+    ("/detokenize", '"tokens": [1]', "x"),
+]
+
+
+@pytest.mark.parametrize(("path", "required", "field"), DEEP_CASES)
+async def test_json_nested_thousands_deep_is_a_400_on_every_post_route(
+    state: ServingState, http: httpx.AsyncClient, path: str, required: str, field: str
+) -> None:
+    """msgspec raises RecursionError past about 1,000 levels, in any field, known or not: a 400, not a 500."""
+    engine = use(state, FakeEngine())
+    deep = '{"a": ' * 3000 + "1" + "}" * 3000
+    raw = f'{{"model": "{MODEL}", {required}, "{field}": {deep}}}'
+    response = await http.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert set(response.json()) == {"error"}
+    assert engine.added == []
+
+
+async def test_ready_says_no_engine_is_healthy_rather_than_starting(
+    state: ServingState, http: httpx.AsyncClient
+) -> None:
+    engine = use(state, FakeEngine())
+    assert (await http.get("/ready")).json() == {"ready": True}
+    engine.die()
+    response = await http.get("/ready")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["ready"] is False and body["status"] == "no healthy engine"
+    assert [e["status"] for e in body["engines"]] == ["disconnected"]
+
+
+def one_token_outputs_with_logprobs(count: int) -> Script:
+    """`count` outputs of one token each, every one with its logprob row (sampled token + 1 top)."""
+
+    def script(request: EngineCoreRequest) -> list[Step]:
+        steps: list[Step] = []
+        for i in range(count):
+            token = DEFAULT_TOKENS[i % len(DEFAULT_TOKENS)]
+            ids = WireTensor("<i4", (1, 2), struct.pack("<2i", token, token))
+            logprobs = WireTensor("<f4", (1, 2), struct.pack("<2f", -0.5, -0.5))
+            ranks = WireTensor("<i8", (1,), struct.pack("<q", 1))
+            finish = FinishReason.LENGTH if i == count - 1 else None
+            output = EngineCoreOutput(
+                request.request_id, [token], new_logprobs=LogprobsLists(ids, logprobs, ranks), finish_reason=finish
+            )
+            steps.append([output])
+        return steps
+
+    return script
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_long_stream_with_logprobs_does_per_output_work_for_the_new_tokens_only(
+    state: ServingState, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The rows turned into logprobs per output are the output's own, however long the stream already is.
+
+    Rebuilding a choice's rows on every output made a long stream with logprobs quadratic, enough to
+    starve the event loop with a few concurrent streams (issue 13).
+    """
+    count = 1500
+    use(state, FakeEngine(one_token_outputs_with_logprobs(count)))
+    seen: list[int] = []
+
+    def counting(real: Any) -> Any:
+        def wrapper(tokenizer: Any, rows: Any, **kwargs: Any) -> Any:
+            seen.append(len(rows))
+            return real(tokenizer, rows, **kwargs)
+
+        return wrapper
+
+    if path == "/v1/chat/completions":
+        from pyfront.server.api.chat import convert
+
+        monkeypatch.setattr(convert, "chat_logprobs_content", counting(convert.chat_logprobs_content))
+        body: dict[str, Any] = chat_body(stream=True, logprobs=True, top_logprobs=1, max_tokens=count)
+    else:
+        from pyfront.server.api.completions import convert as completion_convert
+
+        monkeypatch.setattr(completion_convert, "completion_logprobs", counting(completion_convert.completion_logprobs))
+        body = {"model": MODEL, "prompt": "hi", "stream": True, "logprobs": 1, "max_tokens": count}
+    response = await http.post(path, json=body)
+    assert response.status_code == 200
+    assert len(seen) == count and set(seen) == {1}

@@ -6,6 +6,8 @@ enough to see which middleware a request passed through.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -78,3 +80,38 @@ async def test_configured_middleware_runs_on_both_paths() -> None:
         big = await http.post("/v1/completions", content=b"x" * 100, headers={"Authorization": "Bearer secret"})
         assert big.status_code == 413
         assert (await http.get("/health")).status_code == 503  # open path: no key needed (and no engine)
+
+
+async def chunks(body: bytes, size: int = 16) -> AsyncIterator[bytes]:
+    for i in range(0, len(body), size):
+        yield body[i : i + size]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/tokenize"])
+async def test_a_chunked_body_over_the_limit_is_a_413_on_every_route(path: str) -> None:
+    """No Content-Length to refuse by: the limit trips while reading, on the fast lane as on FastAPI's routes."""
+    app = create_app(config(max_request_body_bytes=64))
+    body = b'{"model": "m", "prompt": "' + b"x" * 200 + b'"}'
+    async with client(app) as http:
+        response = await http.post(path, content=chunks(body), headers={"content-type": "application/json"})
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == 413
+
+
+async def test_options_needs_the_key_so_it_does_not_reveal_the_routes() -> None:
+    app = create_app(config(api_key=["secret"]))
+    async with client(app) as http:
+        for path in ("/v1/completions", "/v1/models", "/no/such/route"):
+            assert (await http.options(path)).status_code == 401, path
+        allowed = await http.options("/v1/completions", headers={"Authorization": "Bearer secret"})
+        assert allowed.status_code == 405
+
+
+async def test_cors_preflights_still_need_no_key() -> None:
+    app = create_app(config(api_key=["secret"], allowed_origins=["https://app.example"]))
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    async with client(app) as http:
+        response = await http.options("/v1/chat/completions", headers=preflight)
+    assert response.status_code == 200
+    assert response.headers["access-control-allow-origin"] == "https://app.example"
