@@ -10,7 +10,8 @@ the tiny random-weight Qwen3 model is built once into ``~/.cache/pyfront/tiny-qw
 2. vLLM's own front end serves through pyfront's mock engine (chat, streaming, completions, and a client
    disconnect that must reach the mock as an ABORT).
 3. pyfront's FEH recipe equals vLLM's ``hash_block_tokens`` chain (and the engine's own request hasher).
-4. tests/engine_client/test_protocol_vectors.py passes under the vllm venv's python with its vLLM cross-checks run.
+4. tests/engine_client/test_protocol_vectors.py passes under the vllm venv's python with its vLLM cross-checks run;
+   vLLM's structured-outputs validation still gives the verdicts stored in tests/data/structured-outputs-vectors.json.
 
 Every process started here runs in its own process group and is stopped in a ``finally`` (SIGTERM, then
 SIGKILL); each test then asserts that nothing of it is left running.
@@ -646,6 +647,33 @@ def test_protocol_roundtrip_with_vllm_codec(vllm_venv: Path) -> None:
         "test_handshake_codecs_match_vllm_handshake_code",
     ):
         assert any(nodeid.endswith(f"::{name}") for nodeid in passed), f"{name} did not run under vLLM"
+
+
+STRUCTURED_OUTPUTS_ORACLE = REPO_ROOT / "tools" / "real_engine" / "structured_outputs_oracle.py"
+STRUCTURED_OUTPUTS_VECTORS = REPO_ROOT / "tests" / "data" / "structured-outputs-vectors.json"
+
+
+@pytest.mark.real_engine
+def test_structured_outputs_vectors_match_vllm(vllm_venv: Path, tiny_model: Path) -> None:
+    """vLLM's own structured-outputs validation still gives every stored verdict (the vectors cannot drift).
+
+    tests/server/generate/test_structured_outputs.py holds pyfront to these verdicts; this re-runs the oracle
+    (vLLM's ``_validate_structured_outputs``, backend "auto") on the corpus in the vllm venv.
+    """
+    cmd = [str(vllm_venv / "bin" / "python"), str(STRUCTURED_OUTPUTS_ORACLE), str(STRUCTURED_OUTPUTS_VECTORS)]
+    proc = subprocess.run(
+        [*cmd, str(tiny_model)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=_offline_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    stored = json.loads(STRUCTURED_OUTPUTS_VECTORS.read_text())
+    assert found["versions"] == stored["versions"]
+    drifted = {
+        case["id"]: (case["vllm"], found["verdicts"][case["id"]])
+        for case in stored["cases"]
+        if found["verdicts"][case["id"]] != case["vllm"]
+    }
+    assert not drifted, f"stored verdicts differ from vLLM's (stored, now): {drifted}"
 
 
 # ------------------------------------------------------------------------ 5. vLLM's load generator -> pyfront
