@@ -1037,6 +1037,28 @@ def _short(result: dict) -> str:
 VLLM_STREAM_WHITESPACE_BEFORE_CALLS = {"reasoning_one_call", "two_calls_one_parameterless", "nested_arguments"}
 
 
+def _invalid_tool_schema_cases(model: str) -> dict[str, dict[str, object]]:
+    """Chat requests whose one tool has an invalid `parameters` schema, by tool_choice and `strict`."""
+    cases: dict[str, dict[str, object]] = {}
+    for strict in (None, True):
+        function: dict[str, object] = {"name": "broken", "parameters": {"type": 5}}
+        if strict is not None:
+            function["strict"] = strict
+        for choice_name, choice in (
+            ("required", "required"),
+            ("named", {"type": "function", "function": {"name": "broken"}}),
+            ("auto", "auto"),
+        ):
+            cases[f"{choice_name}/strict={strict}"] = {
+                "model": model,
+                "messages": [{"role": "user", "content": "Call it."}],
+                "tools": [{"type": "function", "function": function}],
+                "tool_choice": choice,
+                "max_tokens": 2,
+            }
+    return cases
+
+
 @pytest.mark.real_engine
 def test_tool_calls_and_reasoning_match_vllm_frontend(
     tiny_model: Path, vllm_venv: Path, tokenizer, tmp_path: Path
@@ -1104,6 +1126,20 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
         for side in ("vllm", "pyfront"):
             arrivals = (tmp_path / f"{side}-arrivals.log").read_text().splitlines()
             assert len(arrivals) == len(script), f"{side}'s mock saw {len(arrivals)} requests: {arrivals}"
+        assert all(h.alive() for h in (frontend, vllm_mock, pyfront, pyfront_mock))
+
+        # Forced tool calls with an invalid `parameters` schema (issue 13): the same status on both sides.
+        statuses: dict[str, dict[str, int]] = {"vllm": {}, "pyfront": {}}
+        for side, server in (("vllm", frontend), ("pyfront", pyfront)):
+            model = _model_id(server.url)
+            with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
+                for name, body in _invalid_tool_schema_cases(model).items():
+                    r = client.post("/v1/chat/completions", json=body)
+                    statuses[side][name] = r.status_code
+                    if r.status_code != 200:
+                        assert set(r.json()) == {"error"}, f"{side} {name}: {r.text}"
+        print(f"invalid tool schemas, HTTP status by case: {statuses}")
+        assert statuses["pyfront"] == statuses["vllm"]
         assert all(h.alive() for h in (frontend, vllm_mock, pyfront, pyfront_mock))
 
     print()
