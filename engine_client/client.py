@@ -13,6 +13,10 @@ Health, since the protocol has no heartbeat (docs/engine-protocol.md#health-and-
   `stall_timeout_s` marks them stalled. Either way their in-flight requests fail with
   `EngineDeadError` (a 5xx for the server); a stalled engine also gets ABORTs for them, and comes back
   to service if it answers a later ping.
+
+The output loop reads a bounded batch of messages (`OUTPUT_BATCH_MESSAGES` or `OUTPUT_BATCH_SECONDS`,
+whichever comes first) and then yields to the event loop, however fast the engines send: HTTP, client
+disconnects and signals must get in even when the front end falls behind the engines.
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ from pyfront.hashing import PromptHasher
 logger = logging.getLogger(__name__)
 
 PING_METHOD = "is_sleeping"
+
+OUTPUT_BATCH_MESSAGES = 64
+"""At most this many output messages are routed before the output loop yields to the event loop."""
+OUTPUT_BATCH_SECONDS = 0.004
+"""... or for at most this long (a message routed to many streams costs more than one routed to one)."""
 
 
 class EngineError(RuntimeError):
@@ -587,12 +596,14 @@ class EngineClient:
     # ------------------------------------------------------------------ outputs
 
     async def _output_loop(self) -> None:
-        """Receive engine outputs: every message waiting is read in one go, without a future per message.
+        """Receive engine outputs in bounded batches, without a future per message.
 
         zmq.asyncio's recv costs a future and a poller registration per message; here the socket's file
         descriptor wakes the loop and non-blocking reads drain it. The descriptor is edge-triggered (it
         signals when zmq's event state changes), so after a read finds nothing the state is checked once
-        more before waiting.
+        more before waiting. While messages keep coming, the loop yields after `OUTPUT_BATCH_MESSAGES`
+        messages or `OUTPUT_BATCH_SECONDS`: an engine that outputs faster than we route must not starve
+        `/health`, disconnect handling and signal handlers of the event loop.
         """
         assert self._output is not None
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(self._output.underlying)
@@ -601,17 +612,25 @@ class EngineClient:
         fd = cast(int, sock.getsockopt(zmq.FD))  # int-valued options come back as int
         loop.add_reader(fd, readable.set)
         recv, noblock, again = sock.recv_multipart, zmq.NOBLOCK, zmq.Again
+        clock, on_message = time.monotonic, self._on_output_message
         try:
             while True:
-                try:
-                    frames = recv(noblock)
-                except again:
-                    readable.clear()
-                    if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        continue
-                    await readable.wait()
-                    continue
-                self._on_output_message(frames)
+                budget_end = clock() + OUTPUT_BATCH_SECONDS
+                for _ in range(OUTPUT_BATCH_MESSAGES):
+                    try:
+                        frames = recv(noblock)
+                    except again:
+                        readable.clear()
+                        if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                            continue
+                        await readable.wait()
+                        break  # the wait yielded: a fresh batch
+                    on_message(frames)
+                    if clock() >= budget_end:
+                        await asyncio.sleep(0)
+                        break
+                else:
+                    await asyncio.sleep(0)
         finally:
             loop.remove_reader(fd)
 

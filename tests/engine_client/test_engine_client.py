@@ -4,6 +4,7 @@ routing, aborts, utility calls, death and stall detection."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import signal
@@ -11,12 +12,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 import pytest
+import zmq
 
+from pyfront.engine_client import codec
 from pyfront.engine_client.client import (
+    OUTPUT_BATCH_MESSAGES,
     DuplicateRequestError,
     EngineClient,
     EngineClientConfig,
@@ -27,7 +32,12 @@ from pyfront.engine_client.client import (
 )
 from pyfront.engine_client.handshake import HandshakeError
 from pyfront.engine_client.mock_engine import MockConfig, run_mock_engine
-from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams
+from pyfront.engine_client.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    SamplingParams,
+)
 from pyfront.hashing import default_none_hash
 from tests.conftest import free_port
 
@@ -370,3 +380,57 @@ def test_stalled_engine_fails_requests_then_recovers() -> None:
 
     with mock_threads(port, [0]):
         asyncio.run(main())
+
+
+# ---------------------------------------------------------------- the output loop yields
+
+
+def test_output_loop_yields_between_bounded_batches() -> None:
+    """A flood of outputs already queued must not keep the event loop from other tasks (issue 13, item 1).
+
+    The messages are queued on an inproc PUSH before the output loop starts, so the socket never runs dry
+    while the loop drains it: before the fix the loop routed all of them without yielding once. The check is
+    on fairness, not speed: a ticker task that yields after every tick must run between every bounded batch.
+    """
+    total = 20 * OUTPUT_BATCH_MESSAGES
+
+    async def main() -> None:
+        name = f"inproc://flood-{uuid.uuid4().hex}"
+        client = EngineClient(EngineClientConfig(input_address=f"{name}-in", output_address=f"{name}-out"))
+        client._bind()
+        push = zmq.Context.shadow(client.ctx.underlying).socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, 0)
+        push.connect(f"{name}-out")
+        message = codec.encode_outputs(EngineCoreOutputs(0, [EngineCoreOutput("nobody", [1, 2, 3])]))
+        for _ in range(total):
+            push.send_multipart(message)  # inproc: in the PULL's queue as soon as this returns
+
+        routed = 0
+        route = client._on_output_message
+
+        def counting(frames: list[bytes]) -> None:
+            nonlocal routed
+            routed += 1
+            route(frames)
+
+        client._on_output_message = counting  # type: ignore[method-assign]
+        seen_at_ticks: list[int] = []
+
+        async def ticker() -> None:
+            while True:
+                seen_at_ticks.append(routed)
+                await asyncio.sleep(0)
+
+        tick_task = asyncio.create_task(ticker())
+        loop_task = asyncio.create_task(client._output_loop())
+        while routed < total:
+            await asyncio.sleep(0)
+        loop_task.cancel()
+        tick_task.cancel()
+        await asyncio.gather(loop_task, tick_task, return_exceptions=True)
+        push.close(0)
+        await client.close()
+        steps = [b - a for a, b in itertools.pairwise([*seen_at_ticks, routed])]  # the last batch too
+        assert max(steps) <= OUTPUT_BATCH_MESSAGES, f"{max(steps)} messages routed without yielding"
+
+    asyncio.run(main())
