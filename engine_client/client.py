@@ -747,6 +747,7 @@ class EngineClient:
         dropped: late events about it (a ping that times out, an EHOSTUNREACH) must not touch the new one.
         """
         old = self.engines[rank]
+        was = "healthy" if old.healthy else old.status
         stale = sorted(old.in_flight)
         error = EngineDeadError(f"engine rank {rank} restarted; the request was lost with the old engine process")
         for request_id in stale:
@@ -760,7 +761,7 @@ class EngineClient:
             "back in service",
             rank,
             old.restarts + 1,
-            "healthy" if old.healthy else old.status,
+            was,
             len(stale),
         )
         self._renegotiate(rank)
