@@ -13,6 +13,20 @@ Health, since the protocol has no heartbeat (docs/engine-protocol.md#health-and-
   `stall_timeout_s` marks them stalled. Either way their in-flight requests fail with
   `EngineDeadError` (a 5xx for the server); a stalled engine also gets ABORTs for them, and comes back
   to service if it answers a later ping.
+
+Engines that come back (docs/engine-protocol.md#engines-that-come-back): a dead engine process that is started
+again repeats the handshake (the handshake socket stays open: `HandshakeServer.serve_restarts`, here or in
+the parent of several API servers) and registers again on this process's input ROUTER, which is read for
+the life of the client. A new registration for a known rank is a restart, whatever state the rank was in:
+the rank gets a fresh `EngineState`, its stale in-flight requests fail with `EngineDeadError` (the new
+process never heard of them), FEH is negotiated again over the current registrations (it only ever turns
+off, for every engine, if the new one's config differs), and the balancer routes to it again. `health()`
+names the ranks out of service meanwhile (`degraded_ranks`). A registration from a rank outside
+0..data_parallel_size-1 is ignored: the size is fixed at start-up.
+
+The output loop reads a bounded batch of messages (`OUTPUT_BATCH_MESSAGES` or `OUTPUT_BATCH_SECONDS`,
+whichever comes first) and then yields to the event loop, however fast the engines send: HTTP, client
+disconnects and signals must get in even when the front end falls behind the engines.
 """
 
 from __future__ import annotations
@@ -41,8 +55,8 @@ from pyfront.engine_client.balancer import LoadBalancer
 from pyfront.engine_client.handshake import (
     ClientAddresses,
     HandshakeError,
+    HandshakeServer,
     identity_rank,
-    run_handshake,
 )
 from pyfront.engine_client.negotiation import Negotiation, feh_enabled_by_env, negotiate
 from pyfront.engine_client.protocol import (
@@ -57,6 +71,18 @@ from pyfront.hashing import PromptHasher
 logger = logging.getLogger(__name__)
 
 PING_METHOD = "is_sleeping"
+
+OUTPUT_BATCH_MESSAGES = 64
+"""At most this many output messages are routed before the output loop yields to the event loop."""
+OUTPUT_BATCH_SECONDS = 0.004
+"""... or for at most this long (a message routed to many streams costs more than one routed to one)."""
+REGISTRATION_POLL_S = 0.5
+"""The input ROUTER's events are checked at least this often for registrations of restarted engines.
+
+Requests are sent on the same socket straight through libzmq (`_send`), and such a send may consume the
+edge-triggered readiness notification that a registration raised, so waiting for the notification alone
+could miss it; a restarted engine needs seconds to start, so half a second more does not matter.
+"""
 
 
 class EngineError(RuntimeError):
@@ -115,6 +141,8 @@ class EngineState:
     kv_cache_usage: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
     requests_sent: int = 0
+    restarts: int = 0
+    """How many times this rank registered again after start-up."""
 
     @property
     def num_in_flight(self) -> int:
@@ -305,6 +333,7 @@ class EngineClient:
         """The same socket without zmq.asyncio's wrapping, for non-blocking sends."""
         self._output: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        self._handshake: HandshakeServer | None = None
         self.input_address = ""
         self.output_address = ""
 
@@ -325,6 +354,9 @@ class EngineClient:
         self._input = self.ctx.socket(zmq.ROUTER)
         self._input_now = zmq.Socket.shadow(self._input.underlying)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A restarted engine registers under its rank's identity; let its connection take the identity over
+        # even if the old one has not been noticed as gone (see HandshakeServer).
+        self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._input.setsockopt(zmq.SNDHWM, 0)
         self._input.setsockopt(zmq.RCVHWM, 0)
         self._input.setsockopt(zmq.LINGER, 0)
@@ -358,13 +390,13 @@ class EngineClient:
             host = cfg.data_parallel_address
             if ":" in host:
                 host = f"[{host}]"
-            await run_handshake(
+            self._handshake = HandshakeServer(
                 self.ctx,
                 f"tcp://{host}:{cfg.data_parallel_rpc_port}",
                 cfg.data_parallel_size,
                 [ClientAddresses(self.input_address, self.output_address)],
-                cfg.startup_timeout_s,
             )
+            await self._handshake.startup(cfg.startup_timeout_s)
         registrations = await self._collect_registrations(deadline)
         self.engines = [EngineState(rank, engine_identity(rank), registrations[rank]) for rank in sorted(registrations)]
         self.max_model_len = min(reg.max_model_len for reg in registrations.values())
@@ -378,7 +410,10 @@ class EngineClient:
             loop.create_task(self._output_loop(), name="pyfront-engine-outputs"),
             loop.create_task(self._monitor_loop(), name="pyfront-engine-monitor"),
             loop.create_task(self._health_loop(), name="pyfront-engine-health"),
+            loop.create_task(self._registration_loop(), name="pyfront-engine-registrations"),
         ]
+        if self._handshake is not None:
+            self._tasks.append(loop.create_task(self._handshake.serve_restarts(), name="pyfront-engine-handshake"))
 
     async def _collect_registrations(self, deadline: float) -> dict[int, EngineCoreReadyResponse]:
         """One registration per engine on our input socket (they may have arrived before READY)."""
@@ -431,6 +466,8 @@ class EngineClient:
         for sock in (self._monitor, self._input, self._output):
             if sock is not None:
                 sock.close(linger=0)
+        if self._handshake is not None:
+            self._handshake.close()
         self.ctx.term()
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
@@ -442,8 +479,10 @@ class EngineClient:
         return not self._closed and any(e.healthy for e in self.engines)
 
     def health(self) -> dict[str, Any]:
+        """The `/health` body: overall health, the ranks out of service, each engine, FEH's state."""
         return {
             "healthy": self.healthy,
+            "degraded_ranks": [e.rank for e in self.engines if not e.healthy],
             "engines": [
                 {
                     "rank": e.rank,
@@ -453,6 +492,7 @@ class EngineClient:
                     "waiting": e.num_waiting,
                     "running": e.num_running,
                     "kv_cache_usage": e.kv_cache_usage,
+                    "restarts": e.restarts,
                 }
                 for e in self.engines
             ],
@@ -511,7 +551,8 @@ class EngineClient:
                 prompt_block_hashes = await self.hasher.hash_prompt(
                     request.prompt_token_ids, request.cache_salt, checked=True
                 )
-            request.prompt_block_hashes = prompt_block_hashes
+            # FEH may have been turned off while hashing (a restarted engine with another config): send none.
+            request.prompt_block_hashes = prompt_block_hashes if self.hasher is not None else None
         else:
             request.prompt_block_hashes = None
         if rank is None:
@@ -587,12 +628,14 @@ class EngineClient:
     # ------------------------------------------------------------------ outputs
 
     async def _output_loop(self) -> None:
-        """Receive engine outputs: every message waiting is read in one go, without a future per message.
+        """Receive engine outputs in bounded batches, without a future per message.
 
         zmq.asyncio's recv costs a future and a poller registration per message; here the socket's file
         descriptor wakes the loop and non-blocking reads drain it. The descriptor is edge-triggered (it
         signals when zmq's event state changes), so after a read finds nothing the state is checked once
-        more before waiting.
+        more before waiting. While messages keep coming, the loop yields after `OUTPUT_BATCH_MESSAGES`
+        messages or `OUTPUT_BATCH_SECONDS`: an engine that outputs faster than we route must not starve
+        `/health`, disconnect handling and signal handlers of the event loop.
         """
         assert self._output is not None
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(self._output.underlying)
@@ -601,17 +644,25 @@ class EngineClient:
         fd = cast(int, sock.getsockopt(zmq.FD))  # int-valued options come back as int
         loop.add_reader(fd, readable.set)
         recv, noblock, again = sock.recv_multipart, zmq.NOBLOCK, zmq.Again
+        clock, on_message = time.monotonic, self._on_output_message
         try:
             while True:
-                try:
-                    frames = recv(noblock)
-                except again:
-                    readable.clear()
-                    if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        continue
-                    await readable.wait()
-                    continue
-                self._on_output_message(frames)
+                budget_end = clock() + OUTPUT_BATCH_SECONDS
+                for _ in range(OUTPUT_BATCH_MESSAGES):
+                    try:
+                        frames = recv(noblock)
+                    except again:
+                        readable.clear()
+                        if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                            continue
+                        await readable.wait()
+                        break  # the wait yielded: a fresh batch
+                    on_message(frames)
+                    if clock() >= budget_end:
+                        await asyncio.sleep(0)
+                        break
+                else:
+                    await asyncio.sleep(0)
         finally:
             loop.remove_reader(fd)
 
@@ -657,11 +708,96 @@ class EngineClient:
                 else:
                     future.set_result(utility.result.result if utility.result is not None else None)
 
+    # ------------------------------------------------------------------ engines that come back
+
+    async def _registration_loop(self) -> None:
+        """For the life of the client: read the input ROUTER, where only (re-)registrations arrive."""
+        assert self._input is not None and self._input_now is not None
+        sock = self._input_now
+        while True:
+            await self._input.poll(timeout=REGISTRATION_POLL_S * 1000)
+            while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                self._on_registration(sock.recv_multipart(zmq.NOBLOCK))
+
+    def _on_registration(self, frames: list[bytes]) -> None:
+        """A registration after start-up: re-admit its rank; anything else is logged and dropped."""
+        identity, payload = frames[0], frames[-1]
+        rank = identity_rank(identity)
+        if rank is None or not 0 <= rank < len(self.engines):
+            logger.warning(
+                "ignoring a registration from identity %s on %s: not one of the ranks 0..%d this front end serves",
+                identity.hex(),
+                self.input_address,
+                len(self.engines) - 1,
+            )
+            return
+        try:
+            registration = codec.decode_ready_response(payload)
+        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+            logger.error("ignoring a malformed registration from engine rank %d: %s", rank, exc)
+            return
+        self._readmit(rank, registration)
+
+    def _readmit(self, rank: int, registration: EngineCoreReadyResponse) -> None:
+        """A rank registered again: a new engine process. Replace its state, fail what the old one held.
+
+        Whatever the old state said (disconnected, stalled, or healthy: a second process for a rank that
+        still looked fine), the registration comes from a process that never heard of this front end's
+        requests, so the old in-flight requests can only fail. The old `EngineState` is marked replaced and
+        dropped: late events about it (a ping that times out, an EHOSTUNREACH) must not touch the new one.
+        """
+        old = self.engines[rank]
+        was = "healthy" if old.healthy else old.status
+        stale = sorted(old.in_flight)
+        error = EngineDeadError(f"engine rank {rank} restarted; the request was lost with the old engine process")
+        for request_id in stale:
+            stream = self._forget(request_id)
+            if stream is not None:
+                stream.fail(error)
+        old.healthy, old.connected, old.status = False, False, "replaced"
+        self.engines[rank] = EngineState(rank, old.identity, registration, restarts=old.restarts + 1)
+        logger.warning(
+            "engine rank %d registered again (restart %d; it was %s): failed %d stale in-flight request(s); "
+            "back in service",
+            rank,
+            old.restarts + 1,
+            was,
+            len(stale),
+        )
+        self._renegotiate(rank)
+        max_model_len = min(e.registration.max_model_len for e in self.engines)
+        if max_model_len != self.max_model_len:
+            logger.warning(
+                "max_model_len is now %d (was %d) after rank %d restarted", max_model_len, self.max_model_len, rank
+            )
+            self.max_model_len = max_model_len
+
+    def _renegotiate(self, rank: int) -> None:
+        """FEH over the current registrations: it stays on only if the restarted engine advertises the same config.
+
+        It never turns on after start-up: an engine that comes back with another advertisement means the
+        deployment is changing (a rolling restart with new settings); the operator restarts pyfront once
+        every engine runs the new configuration, rather than pyfront flipping between hashed and unhashed.
+        """
+        current = self.negotiation.config
+        if current is None:
+            return
+        outcome = negotiate({e.rank: e.registration for e in self.engines}, True)
+        if outcome.config == current:
+            return
+        self.negotiation = Negotiation(None, f"turned off after engine rank {rank} restarted: {outcome.reason}")
+        self.hasher = None
+        logger.warning("front-end block hashing: %s", self.negotiation.reason)
+
+    def _is_current(self, engine: EngineState) -> bool:
+        """False for the state of an engine process that a restart replaced."""
+        return self.engines[engine.rank] is engine
+
     # ------------------------------------------------------------------ health
 
     def _mark_dead(self, engine: EngineState, status: str, reason: str) -> None:
         """Take an engine out of service and fail its in-flight requests with EngineDeadError."""
-        if not engine.healthy and engine.status == status:
+        if (not engine.healthy and engine.status == status) or not self._is_current(engine):
             return
         engine.healthy = False
         engine.status = status
@@ -700,7 +836,7 @@ class EngineClient:
         except EngineError:
             pass  # it answered, if only with a failure: alive
         engine.last_seen = time.monotonic()
-        if not engine.healthy and engine.connected:
+        if not engine.healthy and engine.connected and self._is_current(engine):
             logger.warning("engine rank %d answers again; back in service", engine.rank)
             engine.healthy = True
             engine.status = "ok"

@@ -1,10 +1,24 @@
-"""The startup handshake with external (headless) engines, front-end side.
+"""The handshake with external (headless) engines, front-end side: at start-up and for engines that come back.
 
 Engines connect to the handshake ROUTER this process binds and say HELLO; we answer INIT with the
 addresses of every front-end process's input and output sockets; each engine then registers on every
 input socket and says READY here (docs/engine-protocol.md#handshake). The handshake socket only carries HELLO,
 INIT and READY, so one process can run it for several front-end processes (`client_index`), which
 collect their own registrations (see `EngineClient`).
+
+The socket stays bound for the life of the front end (`HandshakeServer.serve_restarts`), because an engine
+that dies and is started again repeats the whole handshake from HELLO, as a vLLM engine process does on
+every start, and vLLM's own front end closes this socket after start-up, so such an engine never gets INIT
+there (docs/engine-protocol.md#engines-that-come-back). After start-up:
+- a HELLO from one of the ranks 0..data_parallel_size-1 gets INIT, whatever we know of that rank: a second
+  HELLO from a rank that still looks healthy is a restart too (an engine process says HELLO once, so the
+  old process is gone or going); the engine then registers again on each front-end process's input socket,
+  and each `EngineClient` re-admits it there;
+- a HELLO from any other rank is refused (no INIT, a warning naming it): the deployment's size is fixed at
+  start-up, every front-end process balances over exactly those ranks, and a stray engine (a wrong
+  --data-parallel-rank, another deployment's engine on the same port) must not take traffic;
+- nothing a peer sends raises: malformed or unexpected messages are logged and dropped, since one bad
+  engine must not take down a front end that serves through the others.
 """
 
 from __future__ import annotations
@@ -59,39 +73,61 @@ def init_metadata(clients: Sequence[ClientAddresses]) -> EngineHandshakeMetadata
     )
 
 
-async def run_handshake(
-    ctx: zmq.asyncio.Context,
-    handshake_address: str,
-    data_parallel_size: int,
-    clients: Sequence[ClientAddresses],
-    timeout_s: float,
-) -> dict[int, EngineHandshakeMessage]:
-    """Admit engines of ranks 0..data_parallel_size-1; return each rank's READY message.
+class HandshakeServer:
+    """The handshake ROUTER for engines of ranks 0..data_parallel_size-1: `startup()`, then `serve_restarts()`.
 
-    Raises HandshakeError naming the ranks that never said HELLO or READY within `timeout_s`, or on a
-    protocol violation (unexpected rank, READY before INIT, an engine that claims to be local).
+    ROUTER_HANDOVER lets a restarted engine's connection take over its rank's identity even while the old
+    connection is still known (a peer that vanished without a FIN); vLLM 0.32 sets it on its input ROUTER
+    for the same reason when elastic EP re-adds a rank (`core_client.py` `MPClient.__init__`).
     """
-    socket = ctx.socket(zmq.ROUTER)
-    socket.setsockopt(zmq.LINGER, 0)
-    try:
-        socket.bind(handshake_address)
-    except zmq.ZMQError as exc:
-        socket.close()
-        raise HandshakeError(f"cannot bind the handshake socket {handshake_address}: {exc}") from None
-    init = codec.encode_init(init_metadata(clients))
-    expected = set(range(data_parallel_size))
-    helloed: set[int] = set()
-    ready: dict[int, EngineHandshakeMessage] = {}
-    deadline = time.monotonic() + timeout_s
-    logger.info("waiting for %d engine(s) to connect to %s", data_parallel_size, handshake_address)
-    try:
-        while len(ready) < data_parallel_size:
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        address: str,
+        data_parallel_size: int,
+        clients: Sequence[ClientAddresses],
+    ) -> None:
+        """Bind `address` at once (raises HandshakeError if it cannot), so engines may connect before `startup()`."""
+        self.address = address
+        self.data_parallel_size = data_parallel_size
+        self._init = codec.encode_init(init_metadata(clients))
+        self._expected = set(range(data_parallel_size))
+        self._restarting: set[int] = set()
+        """Ranks that said HELLO after start-up and have not said READY yet."""
+        self._socket = ctx.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError as exc:
+            self._socket.close()
+            raise HandshakeError(f"cannot bind the handshake socket {address}: {exc}") from None
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+    async def startup(self, timeout_s: float) -> dict[int, EngineHandshakeMessage]:
+        """Admit every rank once; return each rank's READY message.
+
+        Raises HandshakeError naming the ranks that never said HELLO or READY within `timeout_s`, or on a
+        protocol violation (unexpected rank, READY before INIT, an engine that claims to be local): at
+        start-up nothing serves yet, so failing loudly beats serving a deployment that is not the one asked for.
+        """
+        socket = self._socket
+        size = self.data_parallel_size
+        expected = self._expected
+        helloed: set[int] = set()
+        ready: dict[int, EngineHandshakeMessage] = {}
+        deadline = time.monotonic() + timeout_s
+        logger.info("waiting for %d engine(s) to connect to %s", size, self.address)
+        while len(ready) < size:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await socket.poll(timeout=remaining * 1000):
                 missing_hello = sorted(expected - helloed)
                 missing_ready = sorted(expected - set(ready) - set(missing_hello))
                 raise HandshakeError(
-                    f"engine handshake timed out after {timeout_s:g}s on {handshake_address}: "
+                    f"engine handshake timed out after {timeout_s:g}s on {self.address}: "
                     + "; ".join(
                         part
                         for part in (
@@ -109,7 +145,7 @@ async def run_handshake(
             if rank not in expected:
                 raise HandshakeError(
                     f"message from an engine with unexpected data parallel rank {identity.hex()} "
-                    f"(expected ranks 0..{data_parallel_size - 1})"
+                    f"(expected ranks 0..{size - 1})"
                 )
             try:
                 message = codec.decode_handshake(payload)
@@ -122,7 +158,7 @@ async def run_handshake(
                 if rank in helloed:
                     raise HandshakeError(f"rank {rank} said HELLO twice")
                 helloed.add(rank)
-                await socket.send_multipart([identity, init])
+                await socket.send_multipart([identity, self._init])
                 logger.info("engine rank %d said HELLO; sent INIT", rank)
             elif status == "READY":
                 if rank not in helloed:
@@ -133,6 +169,52 @@ async def run_handshake(
                 logger.info("engine rank %d is READY", rank)
             else:
                 raise HandshakeError(f"unexpected handshake status {status!r} from rank {rank}")
-    finally:
-        socket.close(linger=0)
-    return ready
+        return ready
+
+    async def serve_restarts(self) -> None:
+        """After start-up, until cancelled: answer the HELLO of a restarted engine with INIT (see the module doc)."""
+        while True:
+            await self._handle_after_startup(await self._socket.recv_multipart())
+
+    async def _handle_after_startup(self, frames: list[bytes]) -> None:
+        """One message after start-up: INIT for a known rank's HELLO; anything else is logged, never raised."""
+        if len(frames) != 2:
+            logger.warning("dropping a handshake message with %d frames (expected identity + map)", len(frames))
+            return
+        identity, payload = frames
+        rank = identity_rank(identity)
+        if rank not in self._expected:
+            logger.warning(
+                "refusing an engine with data parallel rank %s (identity %s) on %s: this front end serves "
+                "ranks 0..%d, fixed at start-up; no INIT sent",
+                rank if rank is not None else "?",
+                identity.hex(),
+                self.address,
+                self.data_parallel_size - 1,
+            )
+            return
+        try:
+            message = codec.decode_handshake(payload)
+        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+            logger.warning("dropping a malformed handshake message from rank %d: %s", rank, exc)
+            return
+        if message.local:
+            logger.warning("refusing rank %d: it says it is local; pyfront only drives external engines", rank)
+            return
+        if message.status == "HELLO":
+            self._restarting.add(rank)
+            # ROUTER without ROUTER_MANDATORY: if the engine vanished meanwhile, INIT is dropped, never blocks.
+            await self._socket.send_multipart([identity, self._init])
+            logger.warning(
+                "engine rank %d said HELLO after start-up: a restarted engine (its predecessor is gone or "
+                "going); sent INIT, it registers again with every front-end process",
+                rank,
+            )
+        elif message.status == "READY":
+            if rank in self._restarting:
+                self._restarting.discard(rank)
+                logger.info("restarted engine rank %d is READY", rank)
+            else:
+                logger.warning("ignoring READY from engine rank %d without a HELLO since start-up", rank)
+        else:
+            logger.warning("ignoring handshake status %r from engine rank %d", message.status, rank)

@@ -63,7 +63,7 @@ class Engine(Protocol):
         ...
 
     def health(self) -> dict[str, Any]:
-        """The ``/health`` report: ``healthy``, per-engine status and the FEH negotiation outcome."""
+        """The ``/health`` report: ``healthy``, ``degraded_ranks`` (out of service), per-engine status, FEH's state."""
         ...
 
     async def add_request(

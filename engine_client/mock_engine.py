@@ -17,7 +17,9 @@ and every ADD's `prompt_block_hashes` is checked against the mock's own recomput
 (used / missing / mismatched / unexpected) are readable with the utility `mock_stats`.
 
 Faults: `--die-after-requests N` (then `--die-mode sentinel` sends ENGINE_CORE_DEAD first, `silent`
-just exits), and the utilities `mock_die(mode)` and `mock_stall(seconds)`.
+just exits), and the utilities `mock_die(mode)` and `mock_stall(seconds)`. A process killed and started
+again with the same `--ranks` is a restarted engine, as a real one: it says HELLO again and registers again
+(docs/engine-protocol.md#engines-that-come-back).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 With N > 1 the parent process owns the engine handshake: it picks one input/output address pair per API
 server, answers every engine's HELLO with all N pairs (docs/engine-protocol.md#several-front-end-processes),
-and supervises. Each API
+and supervises. It keeps the handshake socket open for its whole life, so an engine that dies and is started
+again gets INIT too and registers again with every API server (docs/engine-protocol.md#engines-that-come-back).
+Each API
 server is a separate engine client (its own `client_index`, sockets, hash memo and event loop) that binds
 its pair, collects every engine's registration, and serves HTTP on a SO_REUSEPORT socket, so the kernel
 spreads connections across the processes. Metrics add up across processes through prometheus_client's
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 import zmq
 import zmq.asyncio
 
-from pyfront.engine_client.handshake import ClientAddresses, HandshakeError, run_handshake
+from pyfront.engine_client.handshake import ClientAddresses, HandshakeError, HandshakeServer
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import FORCED_EXIT
 
@@ -257,11 +259,7 @@ def serve_many(config: ServerConfig) -> None:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
-        try:
-            asyncio.run(_handshake(config, addresses))
-        except HandshakeError as exc:
-            logger.error("engine handshake failed: %s", exc)
-        _supervise(children, lambda: stop)
+        asyncio.run(_parent(config, addresses, children, lambda: stop))
     finally:
         for child in children:
             if child.is_alive() and child.pid is not None:
@@ -277,24 +275,48 @@ def serve_many(config: ServerConfig) -> None:
     sys.exit(0)
 
 
+async def _parent(
+    config: ServerConfig,
+    addresses: list[ClientAddresses],
+    children: list[multiprocessing.process.BaseProcess],
+    stopping: Callable[[], bool],
+) -> None:
+    """The parent's life: supervise the API servers, and run the engine handshake beside them until the end."""
+    handshake = asyncio.get_running_loop().create_task(_handshake(config, addresses))
+    try:
+        await _supervise(children, stopping)
+    finally:
+        handshake.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await handshake
+
+
 async def _handshake(config: ServerConfig, addresses: list[ClientAddresses]) -> None:
+    """Admit the engines for every API server, then answer restarted engines until cancelled.
+
+    A failed start-up is logged, not raised: the API servers report the ranks they miss themselves, and the
+    supervisor keeps running until it is told to stop.
+    """
     ctx = zmq.asyncio.Context()
+    server: HandshakeServer | None = None
     try:
         host = config.data_parallel_address
         bracketed = f"[{host}]" if ":" in host else host
-        await run_handshake(
-            ctx,
-            f"tcp://{bracketed}:{config.data_parallel_rpc_port}",
-            config.data_parallel_size,
-            addresses,
-            config.engine_startup_timeout,
+        server = HandshakeServer(
+            ctx, f"tcp://{bracketed}:{config.data_parallel_rpc_port}", config.data_parallel_size, addresses
         )
+        await server.startup(config.engine_startup_timeout)
         logger.info("all %d engine(s) admitted for %d API servers", config.data_parallel_size, len(addresses))
+        await server.serve_restarts()
+    except HandshakeError as exc:
+        logger.error("engine handshake failed: %s", exc)
     finally:
+        if server is not None:
+            server.close()
         ctx.term()
 
 
-def _supervise(children: list[multiprocessing.process.BaseProcess], stopping: Callable[[], bool]) -> None:
+async def _supervise(children: list[multiprocessing.process.BaseProcess], stopping: Callable[[], bool]) -> None:
     """Wait for a stop signal; report API servers that die, and keep the others serving."""
     from prometheus_client import multiprocess
 
@@ -308,4 +330,4 @@ def _supervise(children: list[multiprocessing.process.BaseProcess], stopping: Ca
         if all(not c.is_alive() for c in children):
             logger.error("every API server has exited")
             return
-        time.sleep(0.2)
+        await asyncio.sleep(0.2)

@@ -30,10 +30,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--real-clients", action="store_true", help="run third-party clients (openai SDK, lm-eval, guidellm)"
     )
+    parser.addoption("--chaos", action="store_true", help="run the chaos tier (engines and API servers killed)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for marker, option in (("real_engine", "--real-engine"), ("soak", "--soak"), ("real_clients", "--real-clients")):
+    for marker, option in (
+        ("real_engine", "--real-engine"),
+        ("soak", "--soak"),
+        ("real_clients", "--real-clients"),
+        ("chaos", "--chaos"),
+    ):
         if config.getoption(option):
             continue
         skip = pytest.mark.skip(reason=f"opt-in tier: pass {option} to run")

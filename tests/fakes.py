@@ -147,6 +147,7 @@ class FakeEngine:
         status = "ok" if self._dead is None else "disconnected"
         return {
             "healthy": self.healthy,
+            "degraded_ranks": [] if self._dead is None else [e.rank for e in self.engines],
             "engines": [
                 {
                     "rank": e.rank,
@@ -156,6 +157,7 @@ class FakeEngine:
                     "waiting": e.num_waiting,
                     "running": e.num_running,
                     "kv_cache_usage": 0.0,
+                    "restarts": 0,
                 }
                 for e in self.engines
             ],

@@ -4,6 +4,7 @@ routing, aborts, utility calls, death and stall detection."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import signal
@@ -11,12 +12,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 import pytest
+import zmq
 
+from pyfront.engine_client import codec
 from pyfront.engine_client.client import (
+    OUTPUT_BATCH_MESSAGES,
     DuplicateRequestError,
     EngineClient,
     EngineClientConfig,
@@ -27,7 +32,14 @@ from pyfront.engine_client.client import (
 )
 from pyfront.engine_client.handshake import HandshakeError
 from pyfront.engine_client.mock_engine import MockConfig, run_mock_engine
-from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams
+from pyfront.engine_client.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineHandshakeMessage,
+    SamplingParams,
+    engine_identity,
+)
 from pyfront.hashing import default_none_hash
 from tests.conftest import free_port
 
@@ -367,6 +379,214 @@ def test_stalled_engine_fails_requests_then_recovers() -> None:
             await asyncio.sleep(0.1)
             (stats,) = await engine_stats(client)
             assert stats["running"] == 0  # the stalled request was aborted in the engine too
+
+    with mock_threads(port, [0]):
+        asyncio.run(main())
+
+
+# ---------------------------------------------------------------- the output loop yields
+
+
+def test_output_loop_yields_between_bounded_batches() -> None:
+    """A flood of outputs already queued must not keep the event loop from other tasks (issue 13, item 1).
+
+    The messages are queued on an inproc PUSH before the output loop starts, so the socket never runs dry
+    while the loop drains it: before the fix the loop routed all of them without yielding once. The check is
+    on fairness, not speed: a ticker task that yields after every tick must run between every bounded batch.
+    """
+    total = 20 * OUTPUT_BATCH_MESSAGES
+
+    async def main() -> None:
+        name = f"inproc://flood-{uuid.uuid4().hex}"
+        client = EngineClient(EngineClientConfig(input_address=f"{name}-in", output_address=f"{name}-out"))
+        client._bind()
+        push = zmq.Context.shadow(client.ctx.underlying).socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, 0)
+        push.connect(f"{name}-out")
+        message = codec.encode_outputs(EngineCoreOutputs(0, [EngineCoreOutput("nobody", [1, 2, 3])]))
+        for _ in range(total):
+            push.send_multipart(message)  # inproc: in the PULL's queue as soon as this returns
+
+        routed = 0
+        route = client._on_output_message
+
+        def counting(frames: list[bytes]) -> None:
+            nonlocal routed
+            routed += 1
+            route(frames)
+
+        client._on_output_message = counting  # type: ignore[method-assign]
+        seen_at_ticks: list[int] = []
+
+        async def ticker() -> None:
+            while True:
+                seen_at_ticks.append(routed)
+                await asyncio.sleep(0)
+
+        tick_task = asyncio.create_task(ticker())
+        loop_task = asyncio.create_task(client._output_loop())
+        while routed < total:
+            await asyncio.sleep(0)
+        loop_task.cancel()
+        tick_task.cancel()
+        await asyncio.gather(loop_task, tick_task, return_exceptions=True)
+        push.close(0)
+        await client.close()
+        steps = [b - a for a, b in itertools.pairwise([*seen_at_ticks, routed])]  # the last batch too
+        assert max(steps) <= OUTPUT_BATCH_MESSAGES, f"{max(steps)} messages routed without yielding"
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- engines that come back
+
+
+async def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def fail_with_engine_dead(stream, timeout: float = 30.0) -> None:
+    """The stream ends with EngineDeadError (after any outputs) within `timeout` s (a bound, not a speed check)."""
+
+    async def drain() -> None:
+        while True:
+            await stream.get()
+
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(drain(), timeout)
+
+
+def test_killed_engine_is_degraded_then_readmitted_and_serves() -> None:
+    """DP=2: rank 1 is killed, /health names it, a new process of rank 1 is re-admitted and takes requests."""
+    port = free_port()
+
+    async def main(victim: subprocess.Popen) -> None:
+        async with client_for(port, 2, feh_enabled=False, ping_interval_s=0.5) as client:
+            streams = [await client.add_request(make_request(f"k{i}", max_tokens=100_000)) for i in range(4)]
+            for stream in streams:
+                await stream.get()
+            os.killpg(victim.pid, signal.SIGKILL)
+            for stream in streams:
+                if stream.rank == 1:
+                    await fail_with_engine_dead(stream)
+            health = client.health()
+            assert health["healthy"] and health["degraded_ranks"] == [1]
+            assert health["engines"][1]["status"] == "disconnected"
+            assert (await client.add_request(make_request("meanwhile"))).rank == 0
+            with mock_process(port, [1]):  # the same rank, a new process: HELLO again
+                await wait_for(lambda: client.engines[1].healthy, "rank 1 to be re-admitted")
+                health = client.health()
+                assert health["degraded_ranks"] == [] and health["engines"][1]["restarts"] == 1
+                assert health["engines"][1]["status"] == "ok"
+                for stream in streams:
+                    if stream.rank == 0:
+                        await client.abort([stream.request_id])
+                await client.abort(["meanwhile"])
+                after = [await client.add_request(make_request(f"after{i}", max_tokens=4)) for i in range(6)]
+                results = [await collect(s) for s in after]
+                assert all(len(tokens) == 4 for tokens, _ in results)
+                assert {s.rank for s in after} == {0, 1}, "the balancer routes to the re-admitted rank again"
+                stats = await client.call_utility("mock_stats", rank=1)
+                assert stats["requests"] == sum(s.rank == 1 for s in after) and stats["running"] == 0
+                assert client.num_in_flight == 0
+
+    with mock_process(port, [0]), mock_process(port, [1]) as victim:
+        asyncio.run(main(victim))
+
+
+@pytest.mark.parametrize(
+    ("restart_args", "feh_stays_on"),
+    [(["--advertise-feh"], True), (["--advertise-feh", "--feh-block-size", "32"], False), ([], False)],
+)
+def test_restarted_engine_renegotiates_feh(restart_args: list[str], feh_stays_on: bool, caplog) -> None:
+    """FEH over the current registrations after a restart: the same config keeps it on, any other turns it off."""
+    port = free_port()
+
+    async def main(victim: subprocess.Popen) -> list[dict]:
+        async with client_for(port, 2, feh_enabled=True, ping_interval_s=0.5) as client:
+            assert client.hasher is not None
+            os.killpg(victim.pid, signal.SIGKILL)
+            await wait_for(lambda: not client.engines[1].healthy, "rank 1 to be taken out of service")
+            with mock_process(port, [1], *restart_args):
+                await wait_for(lambda: client.engines[1].restarts == 1, "rank 1 to be re-admitted")
+                assert (client.hasher is not None) == feh_stays_on
+                if not feh_stays_on:
+                    assert client.negotiation.reason.startswith("turned off after engine rank 1 restarted")
+                    assert "prompts are sent unhashed" in client.health()["front_end_block_hashing"]
+                for i in range(4):
+                    await collect(await client.add_request(make_request(f"f{i}", prompt_len=64)))
+                return await engine_stats(client)
+
+    with (
+        caplog.at_level(logging.INFO, logger="pyfront.engine_client.client"),
+        mock_process(port, [0], "--advertise-feh"),
+        mock_process(port, [1], "--advertise-feh") as victim,
+    ):
+        stats = asyncio.run(main(victim))
+    assert all(s["hashes_mismatched"] == 0 and s["hashes_unexpected"] == 0 for s in stats)
+    if feh_stays_on:
+        assert sum(s["hashes_used"] for s in stats) == 4
+    else:
+        turned_off = [r for r in caplog.records if "turned off after engine rank 1 restarted" in r.getMessage()]
+        assert len(turned_off) == 1 and turned_off[0].levelno == logging.WARNING
+        assert stats[0]["hashes_used"] == 0 and stats[0]["hashes_missing"] > 0
+
+
+def test_second_hello_from_a_healthy_rank_is_a_restart() -> None:
+    """A new process of a rank that still looks healthy: treated as a restart; the old process's requests fail."""
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=False) as client:
+            old = await client.add_request(make_request("old", max_tokens=100_000))
+            await old.get()
+            with mock_process(port, [0]):
+                await fail_with_engine_dead(old)
+                assert client.engines[0].restarts == 1 and client.healthy
+                stats = await client.call_utility("mock_stats", rank=0)
+                assert stats["requests"] == 0, "the new process answers for rank 0 now"
+                tokens, _ = await collect(await client.add_request(make_request("new", max_tokens=3)))
+                assert len(tokens) == 3
+
+    with mock_threads(port, [0]):
+        asyncio.run(main())
+
+
+def test_unknown_rank_and_bad_handshake_messages_after_startup_are_refused(caplog) -> None:
+    """After start-up a HELLO from a rank outside 0..N-1 gets no INIT, and junk on the handshake socket is dropped."""
+    port = free_port()
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=False) as client:
+            with caplog.at_level(logging.WARNING, logger="pyfront.engine_client.handshake"):
+                ctx = zmq.Context.instance()
+                stray = ctx.socket(zmq.DEALER)
+                stray.setsockopt(zmq.IDENTITY, engine_identity(3))
+                stray.setsockopt(zmq.LINGER, 0)
+                stray.connect(f"tcp://127.0.0.1:{port}")
+                stray.send(codec.encode_handshake(EngineHandshakeMessage.hello()))
+                junk = ctx.socket(zmq.DEALER)
+                junk.setsockopt(zmq.IDENTITY, engine_identity(0))
+                junk.setsockopt(zmq.LINGER, 0)
+                junk.connect(f"tcp://127.0.0.1:{port}")
+                junk.send(b"not msgpack")
+                junk.send_multipart([b"two", b"frames"])
+                junk.send(codec.encode_handshake(EngineHandshakeMessage.ready()))
+                await wait_for(
+                    lambda: "READY from engine rank 0 without a HELLO" in caplog.text, "the junk to be logged"
+                )
+                assert not stray.poll(200), "no INIT for a rank outside the deployment"
+                assert "refusing an engine with data parallel rank 3 (identity 0300)" in caplog.text
+                assert "malformed handshake message from rank 0" in caplog.text
+                assert "with 3 frames" in caplog.text
+                stray.close()
+                junk.close()
+            assert len(client.engines) == 1 and client.healthy
+            tokens, _ = await collect(await client.add_request(make_request("still-serving", max_tokens=2)))
+            assert len(tokens) == 2
 
     with mock_threads(port, [0]):
         asyncio.run(main())

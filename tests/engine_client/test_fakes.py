@@ -335,10 +335,11 @@ def test_die_fails_in_flight_requests_and_refuses_new_ones() -> None:
         assert len(listener.errors) == 1 and isinstance(listener.errors[0], EngineDeadError)
         assert not engine.healthy and engine.num_in_flight == 0
         assert engine.health()["engines"][0]["status"] == "disconnected"
+        assert engine.health()["degraded_ranks"] == [0]
         with pytest.raises(EngineUnavailableError):
             await engine.add_request(make_request("later"))
         engine.revive()
-        assert engine.healthy
+        assert engine.healthy and engine.health()["degraded_ranks"] == []
         assert (await collect(await engine.add_request(make_request("later"))))[1] == FinishReason.LENGTH
         await engine.close()
 

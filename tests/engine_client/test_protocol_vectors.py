@@ -814,9 +814,11 @@ def test_handshake_codecs_match_vllm_handshake_code() -> None:
     vLLM writes HELLO / READY as plain msgpack dicts (``EngineCoreProc._perform_handshake`` and
     ``startup_handshake`` in vllm/v1/engine/core.py), INIT as its ``EngineHandshakeMetadata`` dataclass and the
     registration as its ``EngineCoreReadyResponse`` dataclass (vllm/v1/engine/utils.py, core.py). Checked here:
-    the bytes vLLM's engine-side code sends equal our encoders' bytes, and our front end (``run_handshake``)
-    admits vLLM's engine-side handshake; vLLM's front-end ``wait_for_engine_startup`` admits our mock engine,
-    whose INIT-derived registration vLLM's decoder reads; INIT and registration bytes are vLLM's own.
+    the bytes vLLM's engine-side code sends equal our encoders' bytes, and our front end (``HandshakeServer``)
+    admits vLLM's engine-side handshake, at start-up and again after it, as a restarted vLLM engine process
+    runs it (docs/engine-protocol.md#engines-that-come-back); vLLM's front-end ``wait_for_engine_startup``
+    admits our mock engine, whose INIT-derived registration vLLM's decoder reads; INIT and registration bytes
+    are vLLM's own.
     """
     pytest.importorskip(
         "vllm",
@@ -835,7 +837,7 @@ def test_handshake_codecs_match_vllm_handshake_code() -> None:
     from vllm.v1.engine.utils import EngineHandshakeMetadata as VInit
     from vllm.v1.engine.utils import EngineZmqAddresses as VAddresses
 
-    from pyfront.engine_client.handshake import ClientAddresses, init_metadata, run_handshake
+    from pyfront.engine_client.handshake import ClientAddresses, HandshakeServer, init_metadata
     from pyfront.engine_client.mock_engine import MockConfig, MockEngineRank
 
     clients = [ClientAddresses("tcp://127.0.0.1:40001", "tcp://127.0.0.1:40002")]
@@ -875,22 +877,35 @@ def test_handshake_codecs_match_vllm_handshake_code() -> None:
     finally:
         ctx.term()
 
-    # 2. pyfront's front end (run_handshake) admits vLLM's engine-side handshake.
-    async def pyfront_front_end() -> dict[int, EngineHandshakeMessage]:
+    # 2. pyfront's front end (HandshakeServer) admits vLLM's engine-side handshake, then the same rank's
+    #    handshake again after start-up: what a restarted vLLM engine process does.
+    async def pyfront_front_end() -> tuple[dict[int, EngineHandshakeMessage], list[Any]]:
         actx = zmq.asyncio.Context()
         ectx = zmq.Context()
         port = free_port()
+        address = f"tcp://127.0.0.1:{port}"
         got: list[Any] = []
-        thread = threading.Thread(target=vllm_engine_side, args=(f"tcp://127.0.0.1:{port}", ectx, got))
+        server = HandshakeServer(actx, address, 1, clients)
+        thread = threading.Thread(target=vllm_engine_side, args=(address, ectx, got))
         try:
             thread.start()
-            return await run_handshake(actx, f"tcp://127.0.0.1:{port}", 1, clients, 20.0)
+            ready = await server.startup(20.0)
+            await asyncio.to_thread(thread.join, 20)
+            restarts = asyncio.create_task(server.serve_restarts())
+            again = threading.Thread(target=vllm_engine_side, args=(address, ectx, got))
+            again.start()
+            await asyncio.to_thread(again.join, 20)
+            restarts.cancel()
+            return ready, got
         finally:
             await asyncio.to_thread(thread.join, 20)
+            server.close()
             actx.term()
             ectx.term()
 
-    assert asyncio.run(pyfront_front_end()) == {0: EngineHandshakeMessage.ready()}
+    ready, got = asyncio.run(pyfront_front_end())
+    assert ready == {0: EngineHandshakeMessage.ready()}
+    assert len(got) == 2 and all(a.inputs == ["tcp://127.0.0.1:40001"] for a in got), "the restart got INIT too"
 
     # 3. vLLM's front end (wait_for_engine_startup) admits pyfront's mock engine, and vLLM's registration
     #    decoder (core_client.py _apply_ready_response) reads the mock's registration.
