@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import re
 
-from pyfront.server.generate.structured_outputs.grammar import TOO_DEEP, GrammarSyntaxError, Unmodelled
+from pyfront.server.generate.structured_outputs.grammar import (
+    TOO_DEEP,
+    GrammarSyntaxError,
+    Token,
+    TokenParser,
+    Unmodelled,
+)
 from pyfront.server.generate.structured_outputs.lark import LLG_LARK_SYNTAX, guidance_lark_error
 from pyfront.server.generate.structured_outputs.regex import HEX, classify_regex
 
@@ -55,7 +61,7 @@ def xgrammar_ebnf_error(text: str) -> str | None:
     """
     if _XG_RULE_ATTRIBUTES.search(text):
         return None  # rule attributes (name[max_tokens=..] ::=): not modelled
-    tokens: list[tuple[str, str, int]] = []  # (kind, value, line)
+    tokens: list[Token] = []  # (kind, value, line)
     i, n, line = 0, len(text), 1
     while True:
         while i < n and text[i] in " \t\r\n#":
@@ -174,18 +180,14 @@ def xgrammar_ebnf_error(text: str) -> str | None:
     return None
 
 
-class _XgEbnfParser:
+class _XgEbnfParser(TokenParser):
     """xgrammar's recursive-descent EBNF parser over the tokens of :func:`xgrammar_ebnf_error`."""
 
     _SEQUENCE_END = frozenset(("|", ")", "(=", "rule", "eof"))
 
-    def __init__(self, tokens: list[tuple[str, str, int]], names: set[str]) -> None:
-        self.tokens = tokens
+    def __init__(self, tokens: list[Token], names: set[str]) -> None:
+        super().__init__(tokens)
         self.names = names
-        self.pos = 0
-
-    def peek(self, delta: int = 0) -> tuple[str, str, int]:
-        return self.tokens[min(self.pos + delta, len(self.tokens) - 1)]
 
     def expect(self, kind: str, message: str) -> None:
         if self.peek()[0] != kind:

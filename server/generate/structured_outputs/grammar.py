@@ -1,4 +1,4 @@
-"""What the grammar checkers (:mod:`.ebnf`, :mod:`.lark`) share: the exceptions they stop with, the too-deep message.
+"""What the grammar checkers (:mod:`.ebnf`, :mod:`.lark`) share: a token parser, their exceptions, the too-deep message.
 
 vLLM parses a grammar with xgrammar (``Grammar.from_ebnf`` / ``from_lark``) and, when that fails under
 "auto", hands it to llguidance: an EBNF grammar goes through llguidance's GBNF-to-Lark converter
@@ -11,6 +11,8 @@ accepted, as before: the engine then decides.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 TOO_DEEP = "the grammar nests groups too deeply to be checked"
 """Refused past Python's recursion limit (some 250 nested groups; xgrammar takes 1,000, llguidance's Python
 GBNF reader fails as here, and vLLM then answers 500)."""
@@ -22,3 +24,18 @@ class Unmodelled(Exception):
 
 class GrammarSyntaxError(Exception):
     """A grammar checker's error message."""
+
+
+Token: TypeAlias = tuple[str, str, int]
+"""(kind, text, line): a token of xgrammar's EBNF lexer or of llguidance's Lark lexer."""
+
+
+class TokenParser:
+    """A recursive-descent parser's place in a token list that ends with an ``eof`` token."""
+
+    def __init__(self, tokens: list[Token]) -> None:
+        self.tokens = tokens
+        self.pos = 0
+
+    def peek(self, delta: int = 0) -> Token:
+        return self.tokens[min(self.pos + delta, len(self.tokens) - 1)]

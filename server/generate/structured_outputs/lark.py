@@ -11,7 +11,13 @@ from __future__ import annotations
 import json as _stdlib_json
 import re
 
-from pyfront.server.generate.structured_outputs.grammar import TOO_DEEP, GrammarSyntaxError, Unmodelled
+from pyfront.server.generate.structured_outputs.grammar import (
+    TOO_DEEP,
+    GrammarSyntaxError,
+    Token,
+    TokenParser,
+    Unmodelled,
+)
 from pyfront.server.generate.structured_outputs.regex import classify_regex
 from pyfront.server.generate.structured_outputs.schema import schema_error
 
@@ -49,9 +55,9 @@ _LARK_DIRECTIVES = frozenset(
 _LARK_ATOM_START = frozenset(("(", "[", "string", "rule", "token", "regexp", "%json", "%regex", "%lark", "special"))
 
 
-def _lark_tokens(text: str) -> list[tuple[str, str, int]]:
+def _lark_tokens(text: str) -> list[Token]:
     """(kind, text, line) of llguidance's Lark lexer; %json / %llguidance take a JSON value as one token."""
-    out: list[tuple[str, str, int]] = []
+    out: list[Token] = []
     i, line = 0, 1
     decoder = _stdlib_json.JSONDecoder()
     while i < len(text):
@@ -108,26 +114,22 @@ def guidance_lark_error(text: str) -> str | None:
     return None if error is None else f"Grammar error: {error}"
 
 
-class _LarkParser:
+class _LarkParser(TokenParser):
     """The item, expansion and atom structure of a Lark grammar, and its name rules."""
 
-    def __init__(self, tokens: list[tuple[str, str, int]], xgrammar: bool) -> None:
-        self.tokens = tokens
+    def __init__(self, tokens: list[Token], xgrammar: bool) -> None:
+        super().__init__(tokens)
         self.xgrammar = xgrammar
-        self.pos = 0
         self.defined: dict[str, bool] = {}  # name -> is a terminal
         self.uses: list[tuple[str, str | None, int]] = []  # (name, terminal being defined or None, line)
         self.defining_terminal: str | None = None
 
-    def peek(self, delta: int = 0) -> tuple[str, str, int]:
-        return self.tokens[min(self.pos + delta, len(self.tokens) - 1)]
-
-    def take(self) -> tuple[str, str, int]:
+    def take(self) -> Token:
         token = self.peek()
         self.pos += 1
         return token
 
-    def expect(self, kind: str) -> tuple[str, str, int]:
+    def expect(self, kind: str) -> Token:
         if self.peek()[0] != kind:
             found = self.peek()
             raise GrammarSyntaxError(f"{found[2]}: Expected token '{kind}', found {found[1]!r}")
