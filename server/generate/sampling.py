@@ -388,7 +388,3 @@ def _bad_words_token_ids(
             "bad_words",
         )
     return out
-
-
-# --------------------------------------------------------------------------------------
-# Structured outputs: SamplingParams._validate_structured_outputs without xgrammar/llguidance

@@ -22,12 +22,11 @@ from pyfront.engine_client.validation import validate_sampling_params
 from pyfront.server.errors import RequestValidationError
 from pyfront.server.generate.sampling import build_sampling_params, child_params
 from pyfront.server.generate.structured_outputs import (
-    check_json_nesting,
     choice_as_grammar,
     grammar_is_likely_lark,
-    has_xgrammar_unsupported_json_features,
     resolve_structured_outputs,
 )
+from pyfront.server.generate.structured_outputs.schema import check_json_nesting, has_xgrammar_unsupported_json_features
 from pyfront.server.openai.decode import decode_chat_request, decode_completion_request
 from pyfront.server.openai.types import ChatCompletionRequest, CompletionRequest
 from pyfront.server.text.tokenizer import generation_defaults_from_config
