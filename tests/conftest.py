@@ -30,10 +30,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--real-clients", action="store_true", help="run third-party clients (openai SDK, lm-eval, guidellm)"
     )
+    parser.addoption("--fuzz", action="store_true", help="run schemathesis against the POST routes (fuzz venv)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for marker, option in (("real_engine", "--real-engine"), ("soak", "--soak"), ("real_clients", "--real-clients")):
+    for marker, option in (
+        ("real_engine", "--real-engine"),
+        ("soak", "--soak"),
+        ("real_clients", "--real-clients"),
+        ("fuzz", "--fuzz"),
+    ):
         if config.getoption(option):
             continue
         skip = pytest.mark.skip(reason=f"opt-in tier: pass {option} to run")
