@@ -5,12 +5,15 @@ Run with ``python -m pytest -q -rP --fuzz -m fuzz tests/tiers/test_fuzz.py`` fro
 ``$PYFRONT_FUZZ_VENV``, default ``~/.cache/pyfront/fuzz-venv``).
 
 pyfront runs as a user runs it, ``pyfront serve --mock-engine`` in its own process group, with an API key, front-end
-hashing on, ``--trust-request-chat-template`` (so fuzzed templates reach the renderer instead of a refusal), and a
-fast mock engine that ends a generation after 16 tokens unless ``ignore_eos`` says otherwise: the context is capped
-at 1024 tokens (``--max-model-len``), so the longest generation a case can ask for is short too, while max_tokens,
-n and the rest stay as fuzzed. Schemathesis (its CLI, from the fuzz venv) is configured by
-tools/fuzz/schemathesis.toml: fixed seed, derandomized generation, the examples, coverage and fuzzing phases, every
-applicable check, and pyfront's own checks in tools/fuzz/hooks.py (the error object, SSE framing, the API key).
+hashing on, ``--trust-request-chat-template`` (so fuzzed templates reach the renderer instead of a refusal),
+``--enable-request-id-headers`` (so fuzzed request ids meet the header they are echoed in),
+``--enable-prompt-tokens-details``, and a fast mock engine that ends a generation after 16 tokens unless
+``ignore_eos`` says otherwise: the context is capped at 1024 tokens (``--max-model-len``), so the longest
+generation a case can ask for is short too, while max_tokens, n and the rest stay as fuzzed. Schemathesis (its
+CLI, from the fuzz venv) is configured by tools/fuzz/schemathesis.toml: derandomized generation (the same cases
+every run), the examples, coverage and fuzzing phases, every applicable check, a dictionary of hostile strings
+(CR/LF, NUL, special tokens, template markup) for the fields pyfront echoes, renders or hashes, and pyfront's own
+checks and schema tightening in tools/fuzz/hooks.py (the error object, SSE framing, the API key).
 
 The test reads schemathesis' NDJSON event log and prints: operations, cases tried (per operation and phase),
 HTTP statuses, failures by check with a reproducing curl for each distinct one, and network errors. It asserts:
@@ -56,6 +59,7 @@ STARTUP_TIMEOUT_S = 180.0
 DRAIN_TIMEOUT_S = 20.0
 MOCK_ENGINE_ARGS = "--output-len 16 --step-interval 0.001 --tokens-per-step 8 --advertise-feh"
 SERVER_ARGS = ["--max-model-len", "1024", "--trust-request-chat-template", "--api-key", API_KEY,
+               "--enable-request-id-headers", "--enable-prompt-tokens-details",
                "--mock-engine-args", MOCK_ENGINE_ARGS]  # fmt: skip
 # The checks whose failure is a server bug, asserted zero: a 5xx (`not_a_server_error`) and pyfront's own
 # contract (tools/fuzz/hooks.py).
