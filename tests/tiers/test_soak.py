@@ -31,10 +31,10 @@ MINUTES = 2.0
 # Beyond the load, soak.py took ~10 s (start-up, drain, SIGTERM); it may drain for up to 20 s; the rest is margin.
 TIMEOUT_S = MINUTES * 60 + 180
 # pyfront's RSS (its process and children) from the end of warm-up (30 s into the 2-minute load) to the end.
-# Measured on this 2-core machine: +24.5 and +29.2 MB in two 2-minute runs (~5,550 requests each). In a 6-minute
-# run it grew 15 and 13 MB in minutes 2 and 3, then about 1.5 MB a minute (236 -> 270 MB): a plateau, as bounded
+# Measured on this 2-core machine: +19.7, +24.5 and +29.2 MB in three 2-minute runs (~5,600 requests each). Over 6
+# minutes it grew 15 and 13 MB in minutes 2 and 3, then about 1.5 MB a minute (236 -> 270 MB): a plateau, as bounded
 # caches (the tokenizer's segment cache, the hash memo) fill up, not the steady slope of a leak. The bound is a bit
-# over twice the larger figure, so allocator and scheduling noise does not fail the tier, while a leak of about
+# over twice the largest figure, so allocator and scheduling noise does not fail the tier, while a leak of about
 # 10 KB per request (a prompt or a response kept) adds ~55 MB over the run and does.
 RSS_GROWTH_BOUND_MB = 64.0
 
