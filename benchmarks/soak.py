@@ -1,6 +1,6 @@
 """Soak: N minutes of mixed load, with random client disconnects, against pyfront serving 2 mock engines.
 
-    python benchmarks/soak.py [--minutes 10] [--clients 32] [--seed 1] [--step-interval 0.01]
+    python benchmarks/soak.py [--minutes 10] [--clients 32] [--seed 1] [--step-interval 0.01] [--json FILE]
 
 Everything runs on 127.0.0.1, and each process runs in its own session:
 
@@ -37,7 +37,8 @@ abort sends no new report, so it can stay stale after the last request was abort
 RSS (VmRSS, pyfront's process and its children; the mocks separately) is printed at start, after warm-up,
 every minute and at the end. The script exits 1 if anything is still in flight at the end, if an
 unexpected error occurred, if pyfront logged a traceback, if a mock saw a mismatched block hash, or if
-pyfront did not exit 0 on SIGTERM.
+pyfront did not exit 0 on SIGTERM. `--json FILE` writes the summary's figures as JSON too (the soak test tier,
+tests/tiers/test_soak.py, reads them).
 """
 
 from __future__ import annotations
@@ -517,6 +518,20 @@ def report(out: dict[str, Any], pyfront_exit: int | None, log_text: str, args: a
     if served == 0:
         failures.append("nothing served")
     print("RESULT: " + ("PASS" if not failures else "FAIL: " + "; ".join(failures)))
+    if args.json:
+        summary = {
+            "load_seconds": out["load_seconds"], "clients": args.clients, "served": served,
+            "requests_by_shape": dict(results.requests), "completion_tokens": results.completion_tokens,
+            "disconnects": abandoned, "errors": dict(results.errors), "unexpected_errors": unexpected,
+            "tracebacks": tracebacks, "error_lines": len(error_lines),
+            "rss_mb": [{"label": label, "pyfront": fe, "mocks": mock} for label, fe, mock in out["rss"]],
+            "rss_growth_since_warmup_mb": fe_end - warm,
+            "in_flight": {"mocks_running": obs["mock_running"], "health_in_flight": obs["health_in_flight"],
+                          "metrics_running": obs["metrics_running"]},
+            "drain_seconds": out["drain_seconds"],
+            "mock_ranks": mocks, "pyfront_exit": pyfront_exit, "failures": failures,
+        }  # fmt: skip
+        Path(args.json).write_text(json.dumps(summary, indent=2))
     return 0 if not failures else 1
 
 
@@ -536,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=300, help="mock emits EOS after this many tokens")
     p.add_argument("--drain-timeout", type=float, default=20.0)
     p.add_argument("--log-dir", default=None, help="keep the process logs here (default: a temp dir, removed)")
+    p.add_argument("--json", default=None, help="also write the summary's figures to this file, as JSON")
     args = p.parse_args(argv)
 
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="pyfront-soak-"))

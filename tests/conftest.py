@@ -31,6 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--real-clients", action="store_true", help="run third-party clients (openai SDK, lm-eval, guidellm)"
     )
     parser.addoption("--chaos", action="store_true", help="run the chaos tier (engines and API servers killed)")
+    parser.addoption("--fuzz", action="store_true", help="run schemathesis against the POST routes (fuzz venv)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -39,6 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ("soak", "--soak"),
         ("real_clients", "--real-clients"),
         ("chaos", "--chaos"),
+        ("fuzz", "--fuzz"),
     ):
         if config.getoption(option):
             continue

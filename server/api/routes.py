@@ -105,7 +105,9 @@ def add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None:
 
     @app.post("/tokenize", openapi_extra=_request_body_schema("TokenizeRequest"))
     async def tokenize(request: Request) -> Response:
-        body = decode_tokenize_request(await request.body())
+        body = decode_tokenize_request(
+            await request.body(), allow_request_chat_template=state.allow_request_chat_template
+        )
         state.check_model(body.model)
         if body.messages is not None:
             chat = ChatCompletionRequest(
@@ -113,6 +115,7 @@ def add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None:
                 model=body.model,
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
+                chat_template=body.chat_template,
                 chat_template_kwargs=body.chat_template_kwargs,
                 tools=body.tools,
             )

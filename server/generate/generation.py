@@ -316,6 +316,9 @@ class Generation:
 
 
 def check_prompt_len(state: ServingState, prompt_len: int) -> None:
+    """vLLM's ``_validate_prompt_len``: not empty (a chat can render to nothing), shorter than the context."""
+    if prompt_len == 0:
+        raise APIError(400, "The decoder prompt cannot be empty", param="messages")
     limit = state.max_model_len
     if limit and prompt_len >= limit:
         raise APIError(

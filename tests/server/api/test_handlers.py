@@ -392,3 +392,16 @@ async def test_a_long_stream_with_logprobs_does_per_output_work_for_the_new_toke
     response = await http.post(path, json=body)
     assert response.status_code == 200
     assert len(seen) == count and set(seen) == {1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_chat_that_renders_to_no_tokens_is_a_400(
+    state: ServingState, http: httpx.AsyncClient, stream: bool
+) -> None:
+    """The bundled Qwen3 template renders nothing for an unknown role: vLLM's "prompt cannot be empty" 400."""
+    engine = use(state, FakeEngine())
+    body = {"model": MODEL, "messages": [{"role": "x", "content": "hi"}], "add_generation_prompt": False}
+    response = await http.post("/v1/chat/completions", json={**body, "stream": stream})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == "The decoder prompt cannot be empty"
+    assert engine.added == []

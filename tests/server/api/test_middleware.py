@@ -115,3 +115,17 @@ async def test_cors_preflights_still_need_no_key() -> None:
         response = await http.options("/v1/chat/completions", headers=preflight)
     assert response.status_code == 200
     assert response.headers["access-control-allow-origin"] == "https://app.example"
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+async def test_tokenize_follows_trust_request_chat_template(trusted: bool) -> None:
+    """As on /v1/chat/completions (vLLM's /tokenize honours the flag too)."""
+    app = create_app(config(trust_request_chat_template=trusted))
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages[0].content }}"}
+    async with client(app) as http:
+        response = await http.post("/tokenize", json=body)
+    if trusted:
+        assert response.status_code == 200, response.text
+        assert response.json()["count"] == 1
+    else:
+        assert response.status_code == 400

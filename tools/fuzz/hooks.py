@@ -1,0 +1,190 @@
+"""pyfront's schemathesis hooks: its own checks and its schema's tightening (SCHEMATHESIS_HOOKS, set by the fuzz test).
+
+Schemathesis' built-in checks see the HTTP status and the documented schemas. Three promises of pyfront's are not
+visible to them, so they are checked here:
+
+- `openai_error_shape`: every 4xx and 5xx body is the OpenAI error object pyfront documents and vLLM sends,
+  `{"error": {"message": str, "type": str, "param": str | null, "code": <the HTTP status>}}`, as JSON, and
+  nothing else. A body from a framework's default handler (`{"detail": ...}`, a text page), a code that
+  disagrees with the status, or an empty message is a failure even when the status is a right 4xx.
+- `sse_stream_framing`: a 200 event stream is `data: <JSON object>` events (comments allowed) ending with
+  `data: [DONE]` and nothing after it. An error inside a started stream is an event with the same error
+  object; one with a 5xx code is the stream's form of a server error (the status is already 200, so
+  `not_a_server_error` cannot see it) and fails here. Streams that schemathesis cut short (its
+  `max-stream-events`, or the request timeout) are only checked up to where they were cut.
+- `api_key_enforced` (on when PYFRONT_FUZZ_API_KEY is set): each request is resent byte for byte without the key
+  and with a wrong one; both must be refused with 401 and the error object, whatever the body.
+
+`before_load_schema` tightens the published schema with rules the server states in its 400s, so that most
+schema-valid cases reach the engine (see its docstring).
+
+This module runs inside the fuzz venv (tools/fuzz/setup_venv.sh), where schemathesis is installed; the project's
+own venv does not import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import requests
+import schemathesis
+from schemathesis import Case, CheckContext, HookContext, Response
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+API_KEY = os.environ.get("PYFRONT_FUZZ_API_KEY")  # the server's --api-key; the run sends it on every request
+MODEL = "pyfront/qwen3-tokenizer"  # the bundled tokenizer's served name, which `pyfront serve --mock-engine` uses
+VOCAB_SIZE = 151669  # the bundled Qwen3 tokenizer's
+_probe_session = requests.Session()  # api_key_enforced's resends, on one keep-alive connection
+
+
+def _error_object_problem(body: Any, status: int | None) -> str | None:
+    """What is wrong with `body` as pyfront's error object (None when it is right); `status`, when given,
+    is the HTTP status its `code` must equal."""
+    if not isinstance(body, dict) or set(body) != {"error"}:
+        keys = sorted(body) if isinstance(body, dict) else type(body).__name__
+        return f"the body is not {{'error': {{...}}}} alone (keys: {keys})"
+    error = body["error"]
+    if not isinstance(error, dict) or set(error) != ERROR_KEYS:
+        keys = sorted(error) if isinstance(error, dict) else type(error).__name__
+        return f"error has keys {keys}, not {sorted(ERROR_KEYS)}"
+    if not isinstance(error["message"], str) or not error["message"].strip():
+        return f"error.message is {error['message']!r}, not a non-empty string"
+    if not isinstance(error["type"], str) or not error["type"]:
+        return f"error.type is {error['type']!r}, not a non-empty string"
+    if error["param"] is not None and not isinstance(error["param"], str):
+        return f"error.param is {error['param']!r}, not a string or null"
+    if not isinstance(error["code"], int) or isinstance(error["code"], bool):
+        return f"error.code is {error['code']!r}, not an integer"
+    if status is not None and error["code"] != status:
+        return f"error.code {error['code']} differs from the HTTP status {status}"
+    return None
+
+
+@schemathesis.check
+def openai_error_shape(ctx: CheckContext, response: Response, case: Case) -> bool | None:
+    """Every 4xx/5xx answer is pyfront's JSON error object with `code` equal to the status."""
+    if response.status_code < 400:
+        return None
+    content_type = (response.headers.get("content-type") or [""])[0]
+    if not content_type.startswith("application/json"):
+        raise AssertionError(f"{response.status_code} with content-type {content_type!r}, not application/json")
+    try:
+        body = json.loads(response.content)
+    except ValueError as exc:
+        raise AssertionError(f"{response.status_code} body is not JSON ({exc}): {response.content[:200]!r}") from None
+    problem = _error_object_problem(body, response.status_code)
+    if problem:
+        raise AssertionError(f"{response.status_code}: {problem}: {response.content[:300]!r}")
+    return None
+
+
+@schemathesis.check
+def sse_stream_framing(ctx: CheckContext, response: Response, case: Case) -> bool | None:
+    """A 200 event stream is well framed, ends with [DONE], and carries no 5xx error event."""
+    content_type = (response.headers.get("content-type") or [""])[0]
+    if response.status_code != 200 or not content_type.startswith("text/event-stream"):
+        return None
+    text = response.content.decode("utf-8", errors="strict")
+    events = [event for event in text.replace("\r\n", "\n").split("\n\n") if event.strip()]
+    done = False
+    for event in events:
+        lines = [line for line in event.split("\n") if not line.startswith(":")]  # keep-alive comments
+        if not lines:
+            continue
+        if done:
+            raise AssertionError(f"an event after data: [DONE]: {event[:200]!r}")
+        if len(lines) != 1 or not lines[0].startswith("data: "):
+            raise AssertionError(f"an event that is not one 'data: ' line: {event[:200]!r}")
+        data = lines[0][len("data: ") :]
+        if data == "[DONE]":
+            done = True
+            continue
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise AssertionError(f"an event whose data is not JSON: {data[:200]!r}") from None
+        if not isinstance(chunk, dict):
+            raise AssertionError(f"an event whose data is not a JSON object: {data[:200]!r}")
+        if "error" in chunk:
+            problem = _error_object_problem(chunk, None)
+            if problem:
+                raise AssertionError(f"an error event that is not the error object: {problem}: {data[:300]!r}")
+            if chunk["error"]["code"] >= 500:
+                raise AssertionError(f"a server error inside the stream: {data[:300]!r}")
+    if not done and not response.stream_cut_short:
+        raise AssertionError(f"the stream ended without data: [DONE] ({len(events)} events)")
+    return None
+
+
+@schemathesis.check
+def api_key_enforced(ctx: CheckContext, response: Response, case: Case) -> bool | None:
+    """With PYFRONT_FUZZ_API_KEY set (the server runs with that --api-key), the very request just sent, byte for
+    byte, is refused with a 401 error object when it comes without the key and with a wrong one, whatever its
+    body: bad JSON, wrong types and oversized values must not get past (or ahead of) the key check."""
+    if API_KEY is None or case.method.upper() != "POST":
+        return None
+    for label, authorization in (("no key", None), ("a wrong key", f"Bearer {API_KEY}-wrong")):
+        probe = response.request.copy()
+        del probe.headers["Authorization"]
+        if authorization is not None:
+            probe.headers["Authorization"] = authorization
+        answer = _probe_session.send(probe, timeout=30)
+        if answer.status_code != 401:
+            raise AssertionError(f"with {label}: {answer.status_code}, not 401: {answer.content[:300]!r}")
+        try:
+            problem = _error_object_problem(answer.json(), 401)
+        except ValueError:
+            problem = f"the body is not JSON: {answer.content[:200]!r}"
+        if problem:
+            raise AssertionError(f"with {label}: 401 but {problem}")
+    return None
+
+
+def _tighten(schemas: dict[str, Any]) -> None:
+    """The server's own rules beyond the published types, as JSON Schema; each comment quotes the 400 (or 404)
+    the server answers a request that breaks the rule with."""
+    token_id = {"type": "integer", "minimum": 0, "maximum": VOCAB_SIZE - 1}  # "token ids must be in [0, 151669)"
+    for request in ("ChatCompletionRequest", "CompletionRequest", "TokenizeRequest", "DetokenizeRequest"):
+        # 404 "The model `...` does not exist."
+        schemas[request]["properties"]["model"] = {"anyOf": [{"const": MODEL}, {"type": "null"}]}
+    completion = schemas["CompletionRequest"]
+    completion["required"] = ["prompt"]  # "Either prompt or prompt_embeds must be provided and non-empty."
+    # "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists"
+    completion["properties"]["prompt"] = {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},  # "... must not be empty."
+            {"type": "array", "minItems": 1, "items": token_id},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": token_id}},
+        ]
+    }
+    completion["properties"]["prompt_embeds"] = {"type": "null"}  # "prompt_embeds are not supported by this server."
+    # "suffix is only supported for models with FIM completion rendering"
+    completion["properties"]["suffix"] = {"type": "null"}
+    # "messages must contain at least one message."
+    schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] = 1
+    schemas["ChatMessage"]["properties"]["role"]["minLength"] = 1  # "A message's role must be a non-empty string."
+    # "Only text content parts are supported, got type '...'." and "Missing required parameter: 'text'."
+    schemas["ContentPart"]["properties"].update(type={"const": "text"}, text={"type": "string"})
+    schemas["ContentPart"]["required"] = ["type", "text"]
+    schemas["TokenizeRequest"]["anyOf"] = [  # "either prompt or messages is required"
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array", "minItems": 1}}},
+    ]
+    schemas["DetokenizeRequest"]["properties"]["tokens"]["items"] = token_id
+
+
+@schemathesis.hook
+def before_load_schema(ctx: HookContext, raw_schema: dict[str, Any]) -> None:
+    """Fuzz the published schema tightened with the server's own rules (:func:`_tighten`).
+
+    The published `/openapi.json` documents types: `prompt` is optional there, `messages` may be empty, a token id
+    any integer. Fuzzed from it alone, almost every "valid" completion request lacks a prompt and gets its 400
+    before reaching the engine, so the generation paths (sampling parameters, streaming, logprobs, stop strings,
+    n, front-end hashing) are hardly exercised. With the rules most positive cases are served, and the negative
+    cases include each rule's violations, which must still get clean 4xx answers. A rule only excludes input the
+    server refuses anyway, so nothing that would reach the engine is left out.
+    """
+    _tighten(raw_schema["components"]["schemas"])
