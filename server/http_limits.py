@@ -82,6 +82,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._discarding = False
         """Refused: what the client still sends is dropped until the connection closes."""
+        self._refusal_after_response: tuple[int, str] | None = None
         self._start_clock()  # a connection that never sends a request is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -133,8 +134,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if self._should_upgrade():
                 self._deadline = None  # the connection is the WebSocket protocol's now
                 self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # else the request is served as plain HTTP: pyfront runs uvicorn with ws="none" (it has no WebSocket
+            # routes), and uvicorn's two warnings per such request would only let anyone fill the log
         return True
 
     # ------------------------------------------------------------------ parser callbacks
@@ -151,6 +152,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._heads_read += 1
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refusal_after_response is not None and self.cycle.response_complete:
+            self._refuse(*self._refusal_after_response)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -185,7 +191,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # ------------------------------------------------------------------ refusals
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer `status` with an OpenAI error body unless a response is under way on the connection; close it.
+        """Answer `status` with an OpenAI error body, then close the connection.
+
+        If the request's own response has started, it is only closed; if an earlier (pipelined) request's response
+        is still being sent, the answer follows it.
 
         A request whose headers were read has a cycle that the application may be reading from: it is marked
         disconnected first, so the application gets `http.disconnect` and its later sends are dropped.
@@ -193,7 +202,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = None
         cycle = self.cycle
         if self._in_head or cycle is None:  # no cycle of this request yet; `cycle` is the previous request's
-            writable = cycle is None or cycle.response_complete
+            if cycle is not None and not cycle.response_complete:
+                # The previous (pipelined) request is still being answered: refuse after its response, whole.
+                self._discarding = True
+                self._refusal_after_response = (status, message)
+                return
+            writable = True
         else:
             writable = not cycle.response_started
             if not cycle.response_complete:

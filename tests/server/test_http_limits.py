@@ -77,25 +77,32 @@ class Answer:
     """The server closed the connection after the answer (end of file, or a reset)."""
 
 
-def _read_answer(sock: socket.socket, *, then_closed: bool = True) -> Answer:
-    """One response (by Content-Length), then (`then_closed`) whether the server closes the connection."""
+def _read_answer(sock: socket.socket, *, then_closed: bool = True, buffer: bytearray | None = None) -> Answer:
+    """One response (by Content-Length), then (`then_closed`) whether the server closes the connection.
+
+    `buffer` holds what was read past the response (the next pipelined one): pass the same one for each answer
+    of a connection.
+    """
     sock.settimeout(GENEROUS_S)
-    data = b""
+    data = bytearray() if buffer is None else buffer
     try:
         while b"\r\n\r\n" not in data:
             piece = sock.recv(65536)
             if not piece:
-                return Answer(None, data, True)
+                return Answer(None, bytes(data), True)
             data += piece
-        head, _, body = data.partition(b"\r\n\r\n")
+        end = data.index(b"\r\n\r\n")
+        head = bytes(data[:end])
         length = next(
             int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
         )
-        while len(body) < length:
+        while len(data) < end + 4 + length:
             piece = sock.recv(65536)
             if not piece:
                 break
-            body += piece
+            data += piece
+        body = bytes(data[end + 4 : end + 4 + length])
+        del data[: end + 4 + length]
         status = int(head.split(b" ", 2)[1])
         closed = False
         if then_closed:
@@ -103,7 +110,7 @@ def _read_answer(sock: socket.socket, *, then_closed: bool = True) -> Answer:
                 closed = sock.recv(1) == b""
         return Answer(status, body, closed)
     except ConnectionResetError:
-        return Answer(None, data, True)
+        return Answer(None, bytes(data), True)
 
 
 def _connect(port: int) -> socket.socket:
@@ -148,6 +155,17 @@ def test_a_malformed_request_gets_400_in_the_api_shape(port: int) -> None:
     assert _error(answer)["message"].startswith("invalid HTTP request")
 
 
+def test_garbage_after_a_request_is_refused_after_its_response(port: int) -> None:
+    """The request before the garbage gets its whole answer first (not cut, not interleaved), then the 400."""
+    with _connect(port) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\nNOT HTTP AT ALL\r\n\r\n")
+        buffer = bytearray()
+        first = _read_answer(sock, then_closed=False, buffer=buffer)
+        second = _read_answer(sock, buffer=buffer)
+    assert first.status == 200 and json.loads(first.body)["object"] == "list"
+    assert second.status == 400 and second.closed and _error(second)["message"].startswith("invalid HTTP request")
+
+
 def test_heads_and_bodies_within_the_limits_are_served(port: int) -> None:
     """A 60 KiB header and 200 headers are allowed; a 1 MiB body arriving with its head is not counted as head."""
     with _connect(port) as sock:
@@ -174,7 +192,8 @@ def test_keep_alive_and_pipelining_outlast_the_read_timeout(port: int) -> None:
             assert _read_answer(sock, then_closed=False).status == 200
             time.sleep(0.3)
         sock.sendall(request * 3)
-        assert [_read_answer(sock, then_closed=False).status for _ in range(3)] == [200] * 3
+        buffer = bytearray()
+        assert [_read_answer(sock, then_closed=False, buffer=buffer).status for _ in range(3)] == [200] * 3
 
 
 class HealthProbe:
