@@ -30,10 +30,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--real-clients", action="store_true", help="run third-party clients (openai SDK, lm-eval, guidellm)"
     )
+    parser.addoption("--hostile", action="store_true", help="run the hostile-input tier (hand-written bad inputs)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for marker, option in (("real_engine", "--real-engine"), ("soak", "--soak"), ("real_clients", "--real-clients")):
+    tiers = (("real_engine", "--real-engine"), ("soak", "--soak"), ("real_clients", "--real-clients"),
+             ("hostile", "--hostile"))  # fmt: skip
+    for marker, option in tiers:
         if config.getoption(option):
             continue
         skip = pytest.mark.skip(reason=f"opt-in tier: pass {option} to run")
