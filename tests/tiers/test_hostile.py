@@ -225,8 +225,9 @@ def read_answer(sock: socket.socket, head_only: bool = False) -> Answer:
         if head_only and answer.status == 200:
             return answer
         if "content-length" in answer.headers:
-            _recv_exactly(sock, buffer, int(answer.headers["content-length"]))
-            answer.body = bytes(buffer)
+            length = int(answer.headers["content-length"])
+            _recv_exactly(sock, buffer, length)
+            answer.body = bytes(buffer[:length])  # a refusal of what followed the request may come next
         elif answer.headers.get("transfer-encoding", "").lower() == "chunked":
             body = bytearray()
             while True:
