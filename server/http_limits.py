@@ -82,7 +82,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._discarding = False
         """Refused: what the client still sends is dropped until the connection closes."""
-        self._refusal_after_response: tuple[int, str] | None = None
         self._start_clock()  # a connection that never sends a request is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -100,7 +99,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._feed_bounded(data)
                 return
             self._head_bytes += len(data)
-        self._feed(data)
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._parser_stopped(exc)
 
     def _feed_bounded(self, data: bytes) -> None:
         """Feed `data`, whose head part may be over the limit: never more than the head's room at a time."""
@@ -124,19 +126,24 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """Parse `data`; False if the request was refused."""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            if isinstance(exc, httptools.HttpParserCallbackError) and isinstance(exc.__context__, _TooManyHeaders):
-                self._refuse(431, f"the request has more than {self.limits.max_header_count} headers")
-            else:
-                self._refuse(400, f"invalid HTTP request: {exc}")
-            return False
-        except httptools.HttpParserUpgrade:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            return self._parser_stopped(exc)
+        return True
+
+    def _parser_stopped(self, exc: Exception) -> bool:
+        """After the parser raised `exc`: refuse the request (False), or go on after an Upgrade request (True)."""
+        if isinstance(exc, httptools.HttpParserUpgrade):
             if self._should_upgrade():
                 self._deadline = None  # the connection is the WebSocket protocol's now
                 self.handle_websocket_upgrade()
             # else the request is served as plain HTTP: pyfront runs uvicorn with ws="none" (it has no WebSocket
             # routes), and uvicorn's two warnings per such request would only let anyone fill the log
-        return True
+            return True
+        if isinstance(exc, httptools.HttpParserCallbackError) and isinstance(exc.__context__, _TooManyHeaders):
+            self._refuse(431, f"the request has more than {self.limits.max_header_count} headers")
+        else:
+            self._refuse(400, f"invalid HTTP request: {exc}")
+        return False
 
     # ------------------------------------------------------------------ parser callbacks
 
@@ -152,11 +159,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._heads_read += 1
         super().on_headers_complete()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self._refusal_after_response is not None and self.cycle.response_complete:
-            self._refuse(*self._refusal_after_response)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -205,7 +207,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if cycle is not None and not cycle.response_complete:
                 # The previous (pipelined) request is still being answered: refuse after its response, whole.
                 self._discarding = True
-                self._refusal_after_response = (status, message)
+                answered = cycle.on_response
+
+                def then_refuse() -> None:
+                    answered()
+                    self._refuse(status, message)
+
+                cycle.on_response = then_refuse
                 return
             writable = True
         else:
