@@ -153,6 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-request-body-bytes", type=positive_int, default=32 * 1024 * 1024, help="larger request bodies get 413"
     )
     serve.add_argument(
+        "--max-header-bytes",
+        "--h11-max-incomplete-event-size",
+        type=positive_int,
+        default=64 * 1024,
+        help="a request line plus headers longer than this gets 431 (vLLM's h11 name is an alias)",
+    )
+    serve.add_argument(
+        "--max-header-count",
+        "--h11-max-header-count",
+        type=positive_int,
+        default=256,
+        help="a request with more headers gets 431 (vLLM's h11 name is an alias)",
+    )
+    serve.add_argument(
+        "--request-read-timeout",
+        type=non_negative_seconds,
+        default=60.0,
+        help="seconds for a whole request (headers and body) to arrive, else 408 and the connection closed (0: none)",
+    )
+    serve.add_argument(
         "--engine-startup-timeout",
         type=positive_seconds,
         default=600.0,
@@ -348,6 +368,9 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         metrics_require_api_key=args.metrics_require_api_key,
         allowed_origins=_origins(args.allowed_origins),
         max_request_body_bytes=args.max_request_body_bytes,
+        max_header_bytes=args.max_header_bytes,
+        max_header_count=args.max_header_count,
+        request_read_timeout=args.request_read_timeout,
         uvicorn_log_level=args.uvicorn_log_level,
         data_parallel_address=args.data_parallel_address,
         data_parallel_rpc_port=rpc_port,

@@ -78,6 +78,13 @@ class ServerConfig:
     metrics_require_api_key: bool = False
     allowed_origins: list[str] = field(default_factory=list)
     max_request_body_bytes: int = 32 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    """The request line and headers, in bytes; a longer request head gets 431 before it is parsed further."""
+    max_header_count: int = 256
+    """Headers in one request; more get 431 (vLLM's --h11-max-header-count default)."""
+    request_read_timeout: float = 60.0
+    """Seconds for a whole request (head and body) to arrive, from the connection's start or its first byte;
+    a slower one gets 408 and its connection is closed. 0: no bound."""
     uvicorn_log_level: str = "info"
     disable_uvicorn_access_log: bool = False
     data_parallel_address: str = "127.0.0.1"

@@ -40,6 +40,7 @@ from pyfront.server.errors import FORCED_EXIT
 
 if TYPE_CHECKING:
     import uvicorn
+    from starlette.types import ASGIApp
 
 logger = logging.getLogger("pyfront.launcher")
 
@@ -143,15 +144,32 @@ def run_server(config: ServerConfig, sock: socket.socket | None = None) -> None:
     Everything that can fail on a user's input (the tokenizer, the TLS files) fails here, before the
     server listens, as one line.
     """
-    import uvicorn
-
     from pyfront.server.app import create_app
 
     try:
         app = create_app(config)
     except (OSError, RuntimeError, ValueError) as exc:
         raise SystemExit(f"pyfront: {exc}") from None
-    uvicorn_config = uvicorn.Config(
+    uvicorn_config = build_uvicorn_config(app, config)
+    try:
+        uvicorn_config.load()
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"pyfront: cannot load the TLS key/certificate: {exc}") from None
+    server = _graceful_server_class()(uvicorn_config, config)
+    server.run(sockets=[sock] if sock is not None else None)
+
+
+def build_uvicorn_config(app: ASGIApp, config: ServerConfig) -> uvicorn.Config:
+    """uvicorn's settings for `app`: uvloop, and httptools with pyfront's bounds on reading a request
+    (server/http_limits.py: header size and count, the time a request may take to arrive).
+
+    Its own function so that tests serve the app exactly as `pyfront serve` does.
+    """
+    import uvicorn
+
+    from pyfront.server.http_limits import ReadLimits, protocol_class
+
+    return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
@@ -163,15 +181,10 @@ def run_server(config: ServerConfig, sock: socket.socket | None = None) -> None:
         log_level=config.uvicorn_log_level,
         access_log=not config.disable_uvicorn_access_log,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(ReadLimits.from_config(config)),
+        ws="none",  # no WebSocket routes: an Upgrade request is plain HTTP, not a handshake refused without a body
         timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
     )
-    try:
-        uvicorn_config.load()
-    except (OSError, ssl.SSLError) as exc:
-        raise SystemExit(f"pyfront: cannot load the TLS key/certificate: {exc}") from None
-    server = _graceful_server_class()(uvicorn_config, config)
-    server.run(sockets=[sock] if sock is not None else None)
 
 
 def serve(config: ServerConfig) -> None:

@@ -24,24 +24,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+OPT_IN_TIERS = {
+    "real_engine": ("--real-engine", "run tests against a real vLLM engine"),
+    "soak": ("--soak", "run the long soak tests"),
+    "real_clients": ("--real-clients", "run third-party clients (openai SDK, lm-eval, guidellm)"),
+    "chaos": ("--chaos", "run the chaos tier (engines and API servers killed)"),
+    "fuzz": ("--fuzz", "run schemathesis against the POST routes (fuzz venv)"),
+    "hostile": ("--hostile", "run the hostile-input tier (hand-written bad inputs)"),
+}
+"""Each opt-in tier's marker: its command-line option and what it runs (markers are registered in pyproject)."""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--real-engine", action="store_true", help="run tests against a real vLLM engine")
-    parser.addoption("--soak", action="store_true", help="run the long soak tests")
-    parser.addoption(
-        "--real-clients", action="store_true", help="run third-party clients (openai SDK, lm-eval, guidellm)"
-    )
-    parser.addoption("--chaos", action="store_true", help="run the chaos tier (engines and API servers killed)")
-    parser.addoption("--fuzz", action="store_true", help="run schemathesis against the POST routes (fuzz venv)")
+    for option, help_text in OPT_IN_TIERS.values():
+        parser.addoption(option, action="store_true", help=help_text)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for marker, option in (
-        ("real_engine", "--real-engine"),
-        ("soak", "--soak"),
-        ("real_clients", "--real-clients"),
-        ("chaos", "--chaos"),
-        ("fuzz", "--fuzz"),
-    ):
+    for marker, (option, _) in OPT_IN_TIERS.items():
         if config.getoption(option):
             continue
         skip = pytest.mark.skip(reason=f"opt-in tier: pass {option} to run")

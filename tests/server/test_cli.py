@@ -114,6 +114,12 @@ def wait_ready(base_url: str, transport: httpx.BaseTransport | None = None, **kw
         (["--max-model-len", "-5"], "argument --max-model-len: -5 is out of range"),
         (["--api-server-count", "0"], "argument --api-server-count/-asc: 0 is out of range"),
         (["--max-request-body-bytes", "0"], "argument --max-request-body-bytes: 0 is out of range"),
+        (
+            ["--max-header-bytes", "0"],
+            "argument --max-header-bytes/--h11-max-incomplete-event-size: 0 is out of range: must be an integer >= 1",
+        ),
+        (["--h11-max-header-count", "0"], "argument --max-header-count/--h11-max-header-count: 0 is out of range"),
+        (["--request-read-timeout", "-1"], "argument --request-read-timeout: -1 is out of range"),
         (["--max-num-seqs-in-flight", "-1"], "argument --max-num-seqs-in-flight: -1 is out of range"),
         (["--shutdown-timeout", "-1"], "argument --shutdown-timeout: -1 is out of range: must be a number >= 0"),
         (["--request-timeout", "nan"], "argument --request-timeout: nan is out of range"),
@@ -185,8 +191,10 @@ def test_frontend_flags_reach_the_config() -> None:
 def test_vllm_spellings_of_front_end_flags() -> None:
     """vLLM's --no-... forms of its boolean flags, its short aliases, and its JSON list for --allowed-origins."""
     args = parse_args(["serve", "--no-enable-log-requests", "--no-disable-fastapi-docs", "-dp", "2", "-asc", "2",
-                       "--port", "8000", "--allowed-origins", '["http://a", "http://b"]'])  # fmt: skip
+                       "--port", "8000", "--allowed-origins", '["http://a", "http://b"]',
+                       "--h11-max-incomplete-event-size", "4194304", "--h11-max-header-count", "100"])  # fmt: skip
     config = config_from_args(args)
+    assert (config.max_header_bytes, config.max_header_count) == (4194304, 100)
     assert not config.enable_log_requests and not config.disable_fastapi_docs
     assert (config.data_parallel_size, config.api_server_count) == (2, 2)
     assert config.allowed_origins == ["http://a", "http://b"]

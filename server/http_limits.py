@@ -1,0 +1,253 @@
+"""Bounds on reading a request: the size and count of its headers, and the time it takes to arrive.
+
+uvicorn's httptools protocol (the one `pyfront serve` runs) has none of them: a request head of any size is
+parsed before any middleware (the API key included) sees it, and httptools joins a header that arrives in
+pieces with `bytes +=`, so the cost grows with the square of its size (a 64 MiB header stalled the event loop,
+and /health, for seconds); and a connection that never finishes its request (headers dribbled a byte at a time,
+a Content-Length larger than the body, a chunked body that never ends, or nothing at all) stays open forever.
+uvicorn's `h11_max_incomplete_event_size` only applies to its h11 protocol, and its `timeout_keep_alive` only
+to the idle time between requests.
+
+`protocol_class(limits)` is uvicorn's `HttpToolsProtocol` with the three bounds:
+
+- The request head (request line and headers) is fed to the parser at most `max_header_bytes` at a time: a
+  head that has not ended by then is answered with 431 without parsing more of it, so the parser's work stays
+  linear in the limit. (The bytes of a pipelined request that follow its predecessor's body in one read are
+  parsed before the count starts; that read is bounded by the transport's buffer size.)
+- A request with more than `max_header_count` headers gets 431 at the end of its head, before it is started.
+- `request_read_timeout` seconds after a connection opens, or after a request's first byte on a kept-alive
+  connection, the whole request (head and body) must have arrived: otherwise it gets 408 (or, when nothing
+  of a request was sent or its response has started, the connection is just closed). The clock is stopped
+  while the server itself has paused reading (flow control, pipelining): only the client's slowness counts.
+
+Every refusal is an OpenAI error body (`{"error": {...}}`, as every route answers) with `Connection: close`,
+and closes the connection; requests the parser cannot read get the same shape with 400 (uvicorn's is plain
+text). The fast path costs a clock read per request and a length comparison per read (see the class).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httptools
+import msgspec
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from pyfront.server.config import ServerConfig
+from pyfront.server.errors import error_body
+
+LINGER_S = 2.0
+"""After a refusal, how long the connection stays half-open for the client to read the answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    max_header_bytes: int
+    """The request line and headers, in bytes, CRLFs included."""
+    max_header_count: int
+    request_read_timeout: float
+    """Seconds for a whole request to arrive; 0: no bound."""
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> ReadLimits:
+        return cls(config.max_header_bytes, config.max_header_count, config.request_read_timeout)
+
+
+class _TooManyHeaders(Exception):
+    """Raised from the parser's end-of-headers callback: it stops the parser before uvicorn starts the request
+    (httptools re-raises it as the `__context__` of an HttpParserCallbackError)."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with `limits` (set on the subclass `protocol_class` makes).
+
+    The read clock is a deadline per request and at most one timer per connection, armed for the deadline and,
+    when it fires early for a later request's deadline, armed again: a timer costs several microseconds with
+    uvloop (a libuv handle each), a deadline one clock read, and keep-alive connections send many requests per
+    timeout.
+    """
+
+    limits: ReadLimits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._in_head = True
+        """Between the end of a request (or the connection's start) and the end of the next one's headers."""
+        self._head_bytes = 0
+        """Bytes of the current head fed to the parser so far."""
+        self._heads_read = 0
+        self._deadline: float | None = None
+        """When the request being read must have arrived (loop time); None while no request is being read."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._discarding = False
+        """Refused: what the client still sends is dropped until the connection closes."""
+        self._start_clock()  # a connection that never sends a request is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, with the head fed at most `max_header_bytes` at a time and the refusals as JSON bodies."""
+        if self._discarding:
+            return
+        self._unset_keepalive_if_required()
+        if self._in_head:
+            if len(data) > self.limits.max_header_bytes - self._head_bytes:
+                self._feed_bounded(data)
+                return
+            self._head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._parser_stopped(exc)
+
+    def _feed_bounded(self, data: bytes) -> None:
+        """Feed `data`, whose head part may be over the limit: never more than the head's room at a time."""
+        view = memoryview(data)
+        limit = self.limits.max_header_bytes
+        while self._in_head and len(view) > limit - self._head_bytes:
+            room = limit - self._head_bytes
+            self._head_bytes = limit
+            heads_before = self._heads_read
+            if not self._feed(view[:room]) or self.transport.is_closing():
+                return
+            if self._in_head and self._heads_read == heads_before:
+                self._refuse(431, f"the request line and headers exceed the {limit}-byte limit")
+                return
+            view = view[room:]  # a head ended inside the part fed: the rest is body or the next request
+        if self._in_head:
+            self._head_bytes += len(view)
+        self._feed(view)
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        """Parse `data`; False if the request was refused."""
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            return self._parser_stopped(exc)
+        return True
+
+    def _parser_stopped(self, exc: Exception) -> bool:
+        """After the parser raised `exc`: refuse the request (False), or go on after an Upgrade request (True)."""
+        if isinstance(exc, httptools.HttpParserUpgrade):
+            if self._should_upgrade():
+                self._deadline = None  # the connection is the WebSocket protocol's now
+                self.handle_websocket_upgrade()
+            # else the request is served as plain HTTP: pyfront runs uvicorn with ws="none" (it has no WebSocket
+            # routes), and uvicorn's two warnings per such request would only let anyone fill the log
+            return True
+        if isinstance(exc, httptools.HttpParserCallbackError) and isinstance(exc.__context__, _TooManyHeaders):
+            self._refuse(431, f"the request has more than {self.limits.max_header_count} headers")
+        else:
+            self._refuse(400, f"invalid HTTP request: {exc}")
+        return False
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:  # else the clock runs from the connection's start
+            self._start_clock()
+
+    def on_headers_complete(self) -> None:
+        """Counted here, not per header: the byte limit already bounds the parser's work on them."""
+        if len(self.headers) > self.limits.max_header_count:
+            raise _TooManyHeaders
+        self._in_head = False
+        self._heads_read += 1
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._deadline = None
+        self._in_head = True
+        self._head_bytes = 0
+
+    # ------------------------------------------------------------------ the read clock
+
+    def _start_clock(self) -> None:
+        timeout = self.limits.request_read_timeout
+        if timeout > 0:
+            self._deadline = self.loop.time() + timeout
+            if self._timer is None:
+                self._timer = self.loop.call_at(self._deadline, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._timer = None
+        if self._deadline is None or self.transport.is_closing():
+            return  # no request is being read: the next one arms the timer again
+        if self.flow.read_paused:  # the server is not reading (a pipelined request waits its turn): restart
+            self._start_clock()
+            return
+        if self.loop.time() < self._deadline:  # a later request's deadline
+            self._timer = self.loop.call_at(self._deadline, self._check_deadline)
+            return
+        if self._in_head and self._head_bytes == 0:
+            self.transport.close()  # nothing of a request arrived: nothing to answer
+            return
+        self._refuse(408, f"the request was not received within {self.limits.request_read_timeout:g} s")
+
+    # ------------------------------------------------------------------ refusals
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer `status` with an OpenAI error body, then close the connection.
+
+        If the request's own response has started, it is only closed; if an earlier (pipelined) request's response
+        is still being sent, the answer follows it.
+
+        A request whose headers were read has a cycle that the application may be reading from: it is marked
+        disconnected first, so the application gets `http.disconnect` and its later sends are dropped.
+        """
+        self._deadline = None
+        cycle = self.cycle
+        if self._in_head or cycle is None:  # no cycle of this request yet; `cycle` is the previous request's
+            if cycle is not None and not cycle.response_complete:
+                # The previous (pipelined) request is still being answered: refuse after its response, whole.
+                self._discarding = True
+                answered = cycle.on_response
+
+                def then_refuse() -> None:
+                    answered()
+                    self._refuse(status, message)
+
+                cycle.on_response = then_refuse
+                return
+            writable = True
+        else:
+            writable = not cycle.response_started
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        if writable and not self.transport.is_closing():
+            client = f"{self.client[0]}:{self.client[1]} - " if self.client else ""
+            self.logger.warning("%srefused a request with %d: %s", client, status, message)
+            body = msgspec.json.encode(error_body(status, message))
+            head = [STATUS_LINE[status]]
+            head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+            head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body)]
+            self.transport.write(b"".join(head) + b"connection: close\r\n\r\n" + body)
+            self._close_lingering()
+        else:
+            self.transport.close()
+
+    def _close_lingering(self) -> None:
+        """Close after the client has had `LINGER_S` to read the answer, discarding what it still sends.
+
+        Closing a socket with unread input makes the kernel send a reset, which can destroy the answer before
+        the client reads it: a client still writing its 1 MiB header would see "connection reset" instead of
+        the 431. So the write side is shut (the client sees the answer, then end of file) and input is read
+        and dropped until the client closes or the time is up.
+        """
+        self._discarding = True
+        self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
+def protocol_class(limits: ReadLimits) -> type[LimitedHttpToolsProtocol]:
+    """The protocol for uvicorn's `http=`: uvicorn builds it with its own arguments, so the limits ride on a class."""
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
