@@ -69,7 +69,18 @@ class ServingState:
         return engine
 
     def admit(self, count: int) -> Admission:
-        """Reserve room for `count` engine requests, or refuse with 503 (never queue without bound)."""
+        """Reserve room for `count` engine requests, or refuse with 503 (never queue without bound).
+
+        A request that needs more room than there is at all (n choices, times its prompts) can never be
+        admitted: that is the client's 400, not a 503 telling it to retry.
+        """
+        if self.max_in_flight is not None and count > self.max_in_flight:
+            raise APIError(
+                400,
+                f"this request needs {count} engine requests (n times the prompts); the server admits at most "
+                f"{self.max_in_flight} at once (--max-num-seqs-in-flight)",
+                param="n",
+            )
         if self.max_in_flight is not None and self.active + count > self.max_in_flight:
             self.metrics.rejected.labels(self.metrics.model_name, "overload").inc()
             raise APIError(

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -53,6 +54,10 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def exception_response(state: ServingState, exc: Exception) -> Response:
     """The OpenAI error response for an exception raised while handling a request (counted in metrics)."""
+    if isinstance(exc, ClientDisconnect):
+        # The client left while its body was read (FastAPI's routes; the fast lane sees it as None): nobody
+        # reads this answer, and it is no server fault to log.
+        return error_response(400, "the client disconnected before sending its whole request")
     if isinstance(exc, StarletteHTTPException):
         message = "Not Found" if exc.status_code == 404 else str(exc.detail)
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
@@ -68,7 +73,7 @@ def add_error_handlers(app: FastAPI, state: ServingState) -> None:
     # Handlers for specific classes run in Starlette's ExceptionMiddleware and answer cleanly; a handler
     # for Exception runs in ServerErrorMiddleware, which re-raises after answering (for real bugs only).
     for kind in (APIError, RequestValidationError, StarletteHTTPException, DeadlineExceeded, EngineError,
-                 ValueError, Exception):  # fmt: skip
+                 ValueError, ClientDisconnect, Exception):  # fmt: skip
         app.add_exception_handler(kind, handle)
 
 

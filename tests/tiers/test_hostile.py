@@ -20,8 +20,8 @@ After every class the engine's running count must come back to 0 (requests still
 requests); after the battery /health must answer 200.
 
 Printed (``-rP``): cases tried, unclean answers and leaked engine requests per class, and every unclean case with
-a minimal reproduction. Cases for issues being fixed elsewhere carry the issue item (`KNOWN`) and are listed
-apart from the rest, but they count: the tier passes only when every case is clean.
+a minimal reproduction. Cases that guard one of issue 13's findings carry it (`KNOWN`) and are listed apart
+from new ones; both count: the tier passes only when every case is clean.
 """
 
 from __future__ import annotations
@@ -62,15 +62,15 @@ LATE_ARRIVAL_S = 2.0
 """After clients left, how long their requests may take to reach the engine (see `Server.settle`)."""
 
 KNOWN = {
-    "deep-json": "issue 13 item 5: JSON nested ~1000 levels gives 500 RecursionError (fix in progress)",
-    "chunked-413": "issue 13 item 6: a chunked body over the limit gives 500 on the completion routes",
-    "request-id": "issue 13 item 4: CR/LF/NUL/non-Latin-1 request_id must be a 400 up front",
+    "deep-json": "issue 13 item 5: JSON nested ~1000 levels gave 500 RecursionError",
+    "chunked-413": "issue 13 item 6: a chunked body over the limit gave 500 on the completion routes",
+    "request-id": "issue 13 item 4: a CR/LF/NUL/non-Latin-1 request_id must be a 400 up front",
     "constraints": "issue 13 item 7: invalid output constraints must be a 400",
     "nonstream-abort": "issue 13 item 2: a non-streaming client that leaves must abort its engine request",
-    "ready-dead": "issue 13 item 8: /ready must not say 'starting' for a dead engine",
-    "options": "issue 13 item 8: OPTIONS must not reveal which routes exist",
+    "ready-dead": "issue 13 item 8: /ready said 'starting' for a dead engine",
+    "options": "issue 13 item 8: OPTIONS revealed which routes exist",
 }
-"""Issue items other people are fixing in parallel: their cases are reported apart (they still count)."""
+"""The issue findings some cases guard against: an unclean case is reported with the finding it brings back."""
 
 
 # ---------------------------------------------------------------------------------------------- the servers
@@ -670,6 +670,7 @@ def constraints() -> list[Case]:
     c = "output constraints"
     bad_schema = {"type": 5}
     tool = {"type": "function", "function": {"name": "f", "parameters": bad_schema}}
+    strict_tool = {"type": "function", "function": {"name": "f", "parameters": bad_schema, "strict": True}}
     known = [
         ("structured_outputs.grammar unbalanced", chat(structured_outputs={"grammar": "root ::= ("})),
         ("guided_grammar unbalanced", chat(guided_grammar="root ::= (")),
@@ -682,18 +683,27 @@ def constraints() -> list[Case]:
          chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": bad_schema}})),
         ("response_format structural tag unknown type",
          chat(response_format={"type": "structural_tag", "format": {"type": "no_such_format"}})),
-        ("response_format structural tag bad schema",
-         chat(response_format={"type": "structural_tag", "triggers": ["<"],
-                               "structures": [{"begin": "<a>", "schema": bad_schema, "end": "</a>"}]})),
-        ("tools invalid schema, tool_choice required", chat(tools=[tool], tool_choice="required")),
-        ("tools invalid schema, tool_choice named",
-         chat(tools=[tool], tool_choice={"type": "function", "function": {"name": "f"}})),
+        ("strict tool invalid schema, tool_choice required", chat(tools=[strict_tool], tool_choice="required")),
+        ("strict tool invalid schema, tool_choice named",
+         chat(tools=[strict_tool], tool_choice={"type": "function", "function": {"name": "f"}})),
         ("completion guided_json type 5", completion(guided_json=bad_schema)),
         ("completion grammar unbalanced", completion(structured_outputs={"grammar": "root ::= ("})),
     ]  # fmt: skip
     cases = [body_case(c, name, COMPLETIONS if name.startswith("completion") else CHAT, body, known="constraints")
              for name, body in known]  # fmt: skip
     valid_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    # What vLLM 0.32 accepts although the schema is invalid, and so does pyfront (its verdict is vLLM's, checked
+    # against vLLM's own code in the real-engine tier): a non-strict tool's arguments are left free under a forced
+    # tool choice, and a legacy structural tag's schema is only compiled by llguidance, in the engine.
+    cases += [
+        body_case(c, "non-strict tool invalid schema, tool_choice required (vLLM accepts)", CHAT,
+                  chat(tools=[tool], tool_choice="required"), OK),
+        body_case(c, "non-strict tool invalid schema, tool_choice named (vLLM accepts)", CHAT,
+                  chat(tools=[tool], tool_choice={"type": "function", "function": {"name": "f"}}), OK),
+        body_case(c, "legacy structural tag with an invalid schema (vLLM accepts)", CHAT,
+                  chat(response_format={"type": "structural_tag", "triggers": ["<"],
+                                        "structures": [{"begin": "<a>", "schema": bad_schema, "end": "</a>"}]}), OK),
+    ]  # fmt: skip
     cases += [
         body_case(c, "two constraints at once", CHAT, chat(guided_json={"type": "object"}, guided_regex="a+"),
                   known="constraints"),
@@ -1283,8 +1293,8 @@ def test_hostile_inputs(servers: dict[str, Server]) -> None:
     print(f"{'total':32s} {tried:5d} {len(failures):7d} {sum(leaked.values()):6d}")
     print(f"after the battery (before the engine death case): /health {health}")
     for title, selected in (
-        ("unclean, NOT among the issues being fixed elsewhere", [f for f in failures if not f.case.known]),
-        ("unclean, among the issues being fixed elsewhere", [f for f in failures if f.case.known]),
+        ("unclean, new", [f for f in failures if not f.case.known]),
+        ("unclean, an issue 13 finding come back", [f for f in failures if f.case.known]),
     ):
         print(f"\n{title}: {len(selected)}")
         for outcome in selected:

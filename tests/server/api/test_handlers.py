@@ -405,3 +405,42 @@ async def test_a_chat_that_renders_to_no_tokens_is_a_400(
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"] == "The decoder prompt cannot be empty"
     assert engine.added == []
+
+
+async def test_a_request_larger_than_the_whole_capacity_is_a_400_not_a_retry_later(
+    state: ServingState, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = use(state, FakeEngine())
+    monkeypatch.setattr(state, "max_in_flight", 16)
+    too_big = await http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "n": 17})
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "n"
+    assert "retry-after" not in too_big.headers
+    fits = await http.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"], "n": 8, "max_tokens": 2})
+    assert fits.status_code == 200
+    assert len(engine.added) == 16
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+async def test_a_client_that_leaves_mid_body_on_a_small_route_is_no_server_error(
+    app: FastAPI, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """Starlette raises ClientDisconnect from `request.body()`: answered quietly, not logged as a bug."""
+    messages = [
+        {"type": "http.request", "body": b'{"prompt":', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        pass
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("test", 80),
+    }  # fmt: skip
+    with caplog.at_level("WARNING"):
+        await app(scope, receive, send)
+    assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
