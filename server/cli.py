@@ -179,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for every engine's handshake",
     )
     serve.add_argument(
+        "--engine-ping-interval",
+        type=positive_seconds,
+        default=2.0,
+        help="an engine that sent nothing for this long is pinged (a stall is found within about twice this "
+        "plus --engine-stall-timeout)",
+    )
+    serve.add_argument(
         "--engine-stall-timeout",
         type=positive_seconds,
         default=30.0,
@@ -376,6 +383,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         data_parallel_rpc_port=rpc_port,
         data_parallel_size=args.data_parallel_size,
         engine_startup_timeout=args.engine_startup_timeout,
+        engine_ping_interval=args.engine_ping_interval,
         engine_stall_timeout=args.engine_stall_timeout,
         max_num_seqs_in_flight=args.max_num_seqs_in_flight,
         request_timeout=args.request_timeout,

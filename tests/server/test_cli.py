@@ -126,6 +126,7 @@ def wait_ready(base_url: str, transport: httpx.BaseTransport | None = None, **kw
         (["--sse-keep-alive-interval", "inf"], "argument --sse-keep-alive-interval: inf is out of range"),
         (["--engine-startup-timeout", "0"], "must be a number > 0"),
         (["--engine-stall-timeout", "0"], "must be a number > 0"),
+        (["--engine-ping-interval", "0"], "must be a number > 0"),
         (["--ssl-cert-reqs", "3"], "argument --ssl-cert-reqs: invalid choice: 3"),
         (["--max-model-length", "5"], "unrecognized arguments: --max-model-length (did you mean --max-model-len?)"),
     ],
@@ -182,6 +183,8 @@ def test_frontend_flags_reach_the_config() -> None:
     config = config_from_args(args)
     assert config.enable_log_requests and config.enable_request_id_headers and config.enable_prompt_tokens_details
     assert config.disable_fastapi_docs and config.root_path == "/api" and config.uds == "/tmp/x.sock"
+    timing = config_from_args(parse_args(["serve", "--engine-ping-interval", "0.5", "--engine-stall-timeout", "3"]))
+    assert (timing.engine_ping_interval, timing.engine_stall_timeout) == (0.5, 3.0)
     with pytest.raises(SystemExit, match="need --ssl-certfile"):
         config_from_args(parse_args(["serve", "--ssl-keyfile", "k.pem"]))
     with pytest.raises(SystemExit, match="--uds serves one API server"):
