@@ -21,7 +21,13 @@ from pyfront.server.api.middleware import user_middleware
 from pyfront.server.api.openapi import add_offline_docs
 from pyfront.server.api.responses import add_error_handlers
 from pyfront.server.api.routes import PYFRONT_VERSION, add_routes
-from pyfront.server.chat.parsers import get_reasoning_parser, get_tool_parser
+from pyfront.server.chat.parsers import (
+    AUTO_TOOL_PARSER,
+    ToolCallParser,
+    detect_tool_parser,
+    get_reasoning_parser,
+    get_tool_parser,
+)
 from pyfront.server.config import ServerConfig, tokenizer_problem
 from pyfront.server.metrics import Metrics
 from pyfront.server.runtime import MockEngineProcess, _return_free_heap, start_engine
@@ -46,6 +52,24 @@ logging.getLogger("transformers").addFilter(_NoTorchNotice())
 logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 
+def resolve_tool_parser(name: str | None, tokenizer: Tokenizer) -> type[ToolCallParser] | None:
+    """The ``--tool-call-parser`` class; ``auto`` picks it from the loaded chat template and logs the pick.
+
+    A template in no known format stops the start-up with a one-line reason (guessing would parse
+    every call wrong); an explicit name was already checked with the other flags.
+    """
+    if not name:
+        return None
+    if name != AUTO_TOOL_PARSER:
+        return get_tool_parser(name)
+    try:
+        parser = detect_tool_parser(tokenizer.chat_template_source())
+    except ValueError as exc:
+        raise SystemExit(f"pyfront: {exc}") from None
+    logger.info("--tool-call-parser auto: the chat template writes %s tool calls; using %r", parser.name, parser.name)
+    return parser
+
+
 def create_app(config: ServerConfig | None = None) -> FastAPI:
     """The application; with no config (`uvicorn pyfront.server.app:create_app --factory`), settings come
     from PYFRONT_* environment variables, and a bad PYFRONT_MODEL / PYFRONT_TOKENIZER exits with one line."""
@@ -67,7 +91,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         max_model_len_override=config.max_model_len,
         allow_request_chat_template=config.trust_request_chat_template,
         api_server_index=config.client_index,
-        tool_parser=get_tool_parser(config.tool_call_parser) if config.tool_call_parser else None,
+        tool_parser=resolve_tool_parser(config.tool_call_parser, tokenizer),
         reasoning_parser=get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None,
         enable_auto_tool_choice=config.enable_auto_tool_choice,
         max_in_flight=config.max_num_seqs_in_flight or None,

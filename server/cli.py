@@ -321,10 +321,10 @@ def _origins(values: list[str]) -> list[str]:
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
     """The settings the flags ask for, or a one-line `SystemExit("pyfront: ...")` saying what to pass instead."""
-    from pyfront.server.chat.parsers import get_reasoning_parser, get_tool_parser
+    from pyfront.server.chat.parsers import AUTO_TOOL_PARSER, get_reasoning_parser, get_tool_parser
 
     try:
-        if args.tool_call_parser:
+        if args.tool_call_parser and args.tool_call_parser != AUTO_TOOL_PARSER:
             get_tool_parser(args.tool_call_parser)
         if args.reasoning_parser:
             get_reasoning_parser(args.reasoning_parser)

@@ -27,7 +27,6 @@ from pyfront.engine_client.protocol import (
     EngineCoreRequest,
     FinishReason,
     SamplingParams,
-    StructuredOutputsParams,
     finish_reason_name,
 )
 from pyfront.server.chat.plan import OutputPlan
@@ -154,6 +153,7 @@ class Generation:
         hashes = self.prompt_block_hashes if engine.hasher is not None else None
         if hashes is None and len(self.choices) > 1 and engine.hasher is not None:
             hashes = await engine.hasher.hash_prompt(self.prompt_ids, self.cache_salt, checked=True)
+        plan = self.plan
         try:
             for choice in self.choices:
                 params = self.params if len(self.choices) == 1 else child_params(self.params, choice.index)
@@ -169,6 +169,8 @@ class Generation:
                     None,
                     priority=self.priority,
                     external_req_id=self.external_id,
+                    reasoning_ended=plan.reasoning_ended if plan is not None else None,
+                    reasoning_parser_kwargs=plan.reasoning_parser_kwargs if plan is not None else None,
                 )
                 choice.stream = await engine.add_request(request, prompt_block_hashes=hashes, trusted=True)
                 hashed = choice.stream is not None and request.prompt_block_hashes is not None
@@ -371,12 +373,10 @@ async def prepare(
         streaming=streaming,
         tokenize=lambda text: tok.encode(text, add_special_tokens=False),
     )
-    if plan is not None and plan.structural_tag is not None:
+    if plan is not None and plan.constraint is not None:
         if params.structured_outputs is not None:
             raise APIError(400, "structured outputs cannot be combined with a forced tool choice", param="tool_choice")
-        params.structured_outputs = resolve_structured_outputs(
-            StructuredOutputsParams(structural_tag=plan.structural_tag)
-        )
+        params.structured_outputs = resolve_structured_outputs(plan.constraint)
     generation = Generation(
         state,
         prompt_ids,

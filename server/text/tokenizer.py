@@ -255,6 +255,13 @@ class Tokenizer:
                 self.render_chat([{"role": "user", "content": "warm-up"}])
         self._enable_fast_chat()
 
+    def chat_template_source(self) -> str | None:
+        """The chat template's source as the server renders chats with it (the ``tool_use`` one of a named set)."""
+        template = getattr(self.hf, "chat_template", None)
+        if isinstance(template, dict):
+            return template.get("tool_use") or template.get("default")
+        return template or None
+
     def _enable_fast_chat(self) -> None:
         """Turn the fast chat render on if it renders the sample chats exactly as apply_chat_template does."""
         self._fast_chat = None

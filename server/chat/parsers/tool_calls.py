@@ -37,7 +37,7 @@ from __future__ import annotations
 import secrets
 import string
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -229,12 +229,45 @@ class ToolCallStream(ABC):
 
 
 class ToolCallParser(ABC):
-    """A tool-call format. ``name`` is what ``--tool-call-parser`` calls it."""
+    """A tool-call format. ``name`` is what ``--tool-call-parser`` calls it, ``aliases`` its other names.
+
+    One instance per request: ``tools`` are the request's tools (their JSON, as dicts), for formats
+    whose parsing depends on the schemas (Qwen3-Coder's XML values are typed by them). The two
+    class methods are what the rest of the server asks of a format: the constraint that forces its
+    calls (:meth:`structural_tag`) and whether a chat template writes calls in it
+    (:meth:`matches_template`, for ``--tool-call-parser auto``).
+    """
 
     name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    structural_tag_model: ClassVar[str | None] = None
+    """vLLM's name for the format's structural tag; None: forced tool choices are constrained by JSON schema."""
 
-    def __init__(self, *, id_factory: Callable[[], str] = make_tool_call_id) -> None:
+    def __init__(
+        self, *, tools: Sequence[Any] | None = None, id_factory: Callable[[], str] = make_tool_call_id
+    ) -> None:
+        self.tools: list[Any] = list(tools) if tools else []
         self.id_factory = id_factory
+
+    @classmethod
+    def structural_tag(
+        cls,
+        tools: Sequence[Any] | None,
+        tool_choice: Any,
+        parallel_tool_calls: bool | None = None,
+        strict_level: str = "auto",
+    ) -> dict[str, Any] | None:
+        """The xgrammar structural tag vLLM 0.32 sends for this format, or None for no constraint.
+
+        Only asked when ``structural_tag_model`` is set; a format without one has forced tool
+        choices constrained by JSON schema instead, as vLLM does.
+        """
+        return None
+
+    @classmethod
+    def matches_template(cls, template: str) -> bool:
+        """Whether ``template`` (a chat template's source) renders tool calls in this format."""
+        return False
 
     @abstractmethod
     def stream(self) -> ToolCallStream:

@@ -160,7 +160,7 @@ def test_named_tool_choice(env, stream) -> None:
 
 
 def test_auto_tool_choice_needs_the_flags() -> None:
-    with pytest.raises(SystemExit, match="unknown tool call parser 'nope'; known: hermes"):
+    with pytest.raises(SystemExit, match="unknown tool call parser 'nope'; known: auto, hermes"):
         config_from_args(build_parser().parse_args(["serve", "--tool-call-parser", "nope"]))
     with pytest.raises(SystemExit, match="known: qwen3"):
         config_from_args(build_parser().parse_args(["serve", "--reasoning-parser", "nope"]))
