@@ -920,6 +920,8 @@ TOOL_REASONING_CASES: dict[str, tuple[str, dict | None]] = {
         "<think>\nQuotes, braces and unicode.\n</think>\n\n" + _hermes_call("get_weather", NESTED_ARGUMENTS),
         None,
     ),
+    # Qwen3.5-family habit: a call opened while thinking, the thinking never closed (issue 14).
+    "call_inside_unclosed_thinking": ("I need the time first.\n" + _hermes_call("get_time", {}), None),
 }
 
 

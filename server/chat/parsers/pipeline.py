@@ -1,9 +1,9 @@
 """Reasoning and tool-call parsing together, as vLLM composes them.
 
 The reasoning parser runs first, on the whole output; the tool-call parser runs on its
-content only, so a ``<tool_call>`` written while thinking stays reasoning. Either parser
-may be absent. :meth:`OutputParser.parse` and :meth:`OutputParser.stream` agree for
-every chunking of the output, as each parser does on its own.
+content only (a reasoning parser whose format ends the reasoning at a tool call, as ``qwen3``
+does at ``<tool_call>``, hands the call over as content). Either parser may be absent. :meth:`OutputParser.parse`
+and :meth:`OutputParser.stream` agree for every chunking of the output, as each parser does on its own.
 """
 
 from __future__ import annotations

@@ -14,9 +14,14 @@ starts inside the reasoning is ``starts_in_reasoning``, which the caller decides
 
 In the content after ``</think>`` a further ``</think>`` is dropped (vLLM's non-streaming
 result; its streaming one keeps it). Text is never trimmed: reasoning keeps the newlines
-around it and content the ``\\n\\n`` after ``</think>``, as vLLM returns them. A
-``<tool_call>`` inside the reasoning stays reasoning (vLLM 0.32 ends the reasoning there
-and parses the call): tool calls are parsed from the content only.
+around it and content the ``\\n\\n`` after ``</think>``, as vLLM returns them.
+
+A ``<tool_call>`` inside the reasoning ends it and starts the content, as in vLLM 0.32 (whose
+``qwen3`` reasoning parser is its ``Qwen3Parser`` grammar: REASONING + TOOL_START ->
+REASONING_END). Qwen3.5-family models often open a call while thinking and never write
+``</think>``; keeping the call in the reasoning would lose it silently and break the agent,
+while ending the reasoning early at most misfiles a paragraph. Tool calls are parsed from the
+content only, so the call reaches the tool parser whole, tag included.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class Qwen3ReasoningParser(ThinkTagReasoningParser):
     name = "qwen3"
     start_tag = "<think>"
     end_tag = "</think>"
+    implicit_end_tags = ("<tool_call>",)
 
     @classmethod
     def starts_in_reasoning_for_prompt(cls, prompt: str, *, enable_thinking: bool = True) -> bool:

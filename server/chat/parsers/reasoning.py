@@ -108,12 +108,19 @@ class ReasoningParser(ABC):
 
 
 class ThinkTagReasoningStream(ReasoningStream):
-    """Reasoning until ``end_tag``; ``start_tag`` dropped in reasoning, ``end_tag`` in content."""
+    """Reasoning until ``end_tag``; ``start_tag`` dropped in reasoning, ``end_tag`` in content.
 
-    def __init__(self, start_tag: str, end_tag: str, starts_in_reasoning: bool) -> None:
+    An ``implicit_end`` tag met while reasoning also ends it, and is itself the first content
+    (Qwen3.5's ``<tool_call>`` written before any ``</think>``: the call is then parsed, not lost).
+    """
+
+    def __init__(
+        self, start_tag: str, end_tag: str, starts_in_reasoning: bool, implicit_end: tuple[str, ...] = ()
+    ) -> None:
         super().__init__()
         self._start_tag = start_tag
         self._end_tag = end_tag
+        self._implicit_end = implicit_end
         self._passthrough = not starts_in_reasoning
         self._reasoning_now = starts_in_reasoning
         self._held = ""
@@ -133,21 +140,25 @@ class ThinkTagReasoningStream(ReasoningStream):
         pos, n = 0, len(buf)
         while pos < n:
             if self._reasoning_now:
-                j_end = buf.find(end_tag, pos)
-                j_start = buf.find(start_tag, pos)
-                if j_end < 0 and j_start < 0:
+                # The first tag from here: (position, kind) with kind 0 end, 1 start, 2 implicit end.
+                first, kind, tag_len = n, -1, 0
+                for k, tag in enumerate((end_tag, start_tag, *self._implicit_end)):
+                    j = buf.find(tag, pos, first + len(tag))
+                    if 0 <= j < first:
+                        first, kind, tag_len = j, min(k, 2), len(tag)
+                if kind < 0:
                     tail = buf[pos:]
-                    keep = n - max(partial_tag_overlap(tail, end_tag), partial_tag_overlap(tail, start_tag))
+                    tags = (end_tag, start_tag, *self._implicit_end)
+                    keep = n - max(partial_tag_overlap(tail, tag) for tag in tags)
                     reasoning.append(buf[pos:keep])
                     self._held = buf[keep:]
                     break
-                if j_end >= 0 and (j_start < 0 or j_end < j_start):
-                    reasoning.append(buf[pos:j_end])
-                    pos = j_end + len(end_tag)
-                    self._reasoning_now = False
+                reasoning.append(buf[pos:first])
+                if kind == 1:
+                    pos = first + tag_len
                 else:
-                    reasoning.append(buf[pos:j_start])
-                    pos = j_start + len(start_tag)
+                    pos = first + tag_len if kind == 0 else first  # an implicit end tag stays, as content
+                    self._reasoning_now = False
             else:
                 j_end = buf.find(end_tag, pos)
                 if j_end < 0:
@@ -169,25 +180,28 @@ class ThinkTagReasoningParser(ReasoningParser):
 
     start_tag: ClassVar[str] = "<think>"
     end_tag: ClassVar[str] = "</think>"
+    implicit_end_tags: ClassVar[tuple[str, ...]] = ()
+    """Tags that end the reasoning when met inside it and begin the content (kept, unlike ``end_tag``)."""
 
     def stream(self) -> ThinkTagReasoningStream:
-        return ThinkTagReasoningStream(self.start_tag, self.end_tag, self.starts_in_reasoning)
+        return ThinkTagReasoningStream(self.start_tag, self.end_tag, self.starts_in_reasoning, self.implicit_end_tags)
 
     def count_reasoning_tokens(self, token_ids: Sequence[int], token_id: Callable[[str], int | None]) -> int:
         """Generated tokens written while reasoning, the tag tokens themselves not counted.
 
         The same walk as :meth:`stream` over token ids (the tags are single special tokens in the
         families this serves): from ``starts_in_reasoning``, a start tag is skipped, the first end tag
-        leaves the reasoning for good. Checked against vLLM 0.32's ``qwen3`` parser
+        (or implicit end tag) leaves the reasoning for good. Checked against vLLM 0.32's ``qwen3`` parser
         (``count_reasoning_tokens``) on outputs with and without tags, unfinished reasoning, nested and
         repeated tags, and thinking off (0); pinned in tests/server/chat/test_parsers.py.
         """
         if not self.starts_in_reasoning:
             return 0
-        start, end = token_id(self.start_tag), token_id(self.end_tag)
+        start = token_id(self.start_tag)
+        ends = {token_id(tag) for tag in (self.end_tag, *self.implicit_end_tags)} - {None}
         count = 0
         for tid in token_ids:
-            if tid == end:
+            if tid in ends:
                 return count
             if tid != start:
                 count += 1

@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 
 from pyfront.server.chat.parsers import (
     REASONING_PARSERS,
-    TOOL_PARSERS,
     HermesToolParser,
     OutputParser,
     Qwen3ReasoningParser,
@@ -95,6 +94,10 @@ CASES: dict[str, tuple[str, bool]] = {
         "<think>\nMaybe <tool_call>\n" + W + "\n</tool_call> is needed.\n</think>\n\nNo tool needed.",
         True,
     ),
+    "unpaired_tool_call_in_reasoning": ("I will call it.\n<tool_call>\n" + W + "\n</tool_call>", True),
+    "unpaired_tool_call_then_end_tag": ("<think>\nr <tool_call>\n" + W + "\n</tool_call></think>", True),
+    "partial_tool_call_tag_in_reasoning": ("Thinking about <tool_ca", True),
+    "tool_call_tag_thinking_off": ("<tool_call>\n" + W + "\n</tool_call>", False),
     "unterminated_tool_call": (
         '<think>\nx\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
         True,
@@ -174,6 +177,10 @@ VLLM_032: dict[str, Result] = {
         [],
     ),
     "tool_call_in_reasoning": ("\nMaybe ", None, [("get_weather", '{"city": "Paris"}')]),
+    "unpaired_tool_call_in_reasoning": ("I will call it.\n", None, [("get_weather", '{"city": "Paris"}')]),
+    "unpaired_tool_call_then_end_tag": ("\nr ", None, [("get_weather", '{"city": "Paris"}')]),
+    "partial_tool_call_tag_in_reasoning": ("Thinking about <tool_ca", None, []),
+    "tool_call_tag_thinking_off": (None, None, [("get_weather", '{"city": "Paris"}')]),
     "unterminated_tool_call": (
         "\nx\n",
         '\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
@@ -218,9 +225,9 @@ OURS_WHERE_DIFFERENT: dict[str, tuple[Result, str]] = {
         "the invalid '{\"city\": Paris}}')",
     ),
     "tool_call_in_reasoning": (
-        ("\nMaybe <tool_call>\n" + W + "\n</tool_call> is needed.\n", "\n\nNo tool needed.", []),
-        "a <tool_call> inside the reasoning stays reasoning, as the issue requires (vLLM 0.32 ends the "
-        "reasoning there and makes it a call)",
+        ("\nMaybe ", " is needed.\n\n\nNo tool needed.", [("get_weather", '{"city": "Paris"}')]),
+        "a <tool_call> inside the reasoning ends it and is a call, as in vLLM 0.32; the text after the call "
+        "is kept as content, the later </think> dropped (vLLM's Hermes parser drops all text after a call)",
     ),
     "unterminated_tool_call": (
         ("\nx\n", None, [("get_weather", '{"city": "Par"}')]),
