@@ -9,8 +9,11 @@ docs/engine-protocol.md#mock-engine describes, so vLLM's own front end can serve
 Generation is deterministic: the k-th token of a request is a function of its prompt, its seed and k,
 drawn from a list of whole-word token ids (so text reads as words, not as lone UTF-8 bytes). Requests
 end on max_tokens (LENGTH), on a configured output length (then the request's EOS token, STOP), or on a
-sampled stop token id (STOP, stop_reason = the id). Scripted outputs (utility `mock_script`) replace the
-generated tokens for the next requests.
+sampled stop token id (STOP, stop_reason = the id). Scripted outputs (utility `mock_script`, or
+`--script-file`) replace the generated tokens for the next requests, one token per step: a script is a
+list of token ids, or (in `--script-file`, with `--tokenizer`) a text, tokenized as the model would
+write it, so a test can have the engine write an exact tool call (Hermes JSON, Qwen3-Coder XML)
+token by token.
 
 Front-end block hashing: with `--advertise-feh` the registration carries `native_frontend_hash_config`,
 and every ADD's `prompt_block_hashes` is checked against the mock's own recomputation; the counts
@@ -593,13 +596,43 @@ def run_mock_engine(config: MockConfig, stop: threading.Event | None = None) -> 
         engine.stop()
 
 
-def load_word_ids(tokenizer_path: str) -> list[int]:
-    """Whole-word token ids of a tokenizer (slow import of transformers: only when asked)."""
+def _load_tokenizer(name: str) -> Any:
+    """A Hugging Face tokenizer (the bundled names resolved), imported only when asked (slow)."""
     from transformers import AutoTokenizer
 
+    from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
+
+    return AutoTokenizer.from_pretrained(resolve_tokenizer_name(name))
+
+
+def load_scripts(entries: Sequence[Any], tokenizer_name: str | None) -> list[list[int]]:
+    """`--script-file` entries as token lists: a list of ids as is, a text tokenized with `tokenizer_name`.
+
+    A text must come back unchanged from its tokens (a script that decodes differently would test
+    something else than it says): ValueError otherwise, and for a text without a tokenizer.
+    """
+    tokenizer = None
+    out: list[list[int]] = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            out.append([int(t) for t in entry])
+            continue
+        if tokenizer_name is None:
+            raise ValueError("a text script needs --tokenizer")
+        if tokenizer is None:
+            tokenizer = _load_tokenizer(tokenizer_name)
+        ids = tokenizer.encode(entry, add_special_tokens=False)
+        if tokenizer.decode(ids) != entry:
+            raise ValueError(f"script text does not round-trip through the tokenizer: {entry[:60]!r}")
+        out.append(ids)
+    return out
+
+
+def load_word_ids(tokenizer_path: str) -> list[int]:
+    """Whole-word token ids of a tokenizer (a directory or a bundled tokenizer's name)."""
     from pyfront.server.text.bundled_tokenizer import whole_word_token_ids
 
-    return whole_word_token_ids(AutoTokenizer.from_pretrained(tokenizer_path), 512)
+    return whole_word_token_ids(_load_tokenizer(tokenizer_path), 512)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
@@ -625,7 +658,11 @@ def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
     p.add_argument("--die-after-requests", type=int, default=None)
     p.add_argument("--die-mode", choices=("sentinel", "silent"), default="sentinel")
     p.add_argument("--arrival-log", default=None, help="append 'wall_time rank request_id' per ADD")
-    p.add_argument("--script-file", default=None, help="JSON list of token-id lists: the first requests' outputs")
+    p.add_argument(
+        "--script-file",
+        default=None,
+        help="JSON list of the first requests' outputs: token-id lists, or texts (tokenized with --tokenizer)",
+    )
     p.add_argument(
         "--step-on-arrival",
         action="store_true",
@@ -648,7 +685,7 @@ def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
         advertise_feh=a.advertise_feh, feh_block_size=a.feh_block_size, feh_none_hash=none_hash,
         verify_hashes=not a.no_verify_hashes, die_after_requests=a.die_after_requests, die_mode=a.die_mode,
         arrival_log=a.arrival_log, step_on_arrival=a.step_on_arrival,
-        scripts=json.loads(Path(a.script_file).read_text()) if a.script_file else (),
+        scripts=load_scripts(json.loads(Path(a.script_file).read_text()), a.tokenizer) if a.script_file else (),
     )  # fmt: skip
 
 
