@@ -36,6 +36,7 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,9 @@ from pyfront.engine_client.protocol import (
 from pyfront.hashing import HashConfig, block_hashes, default_none_hash, unpack_block_hashes
 
 logger = logging.getLogger("pyfront.mock_engine")
+
+RECENT_REQUESTS = 64
+"""How many received requests each rank keeps (``MockEngineRank.recent``)."""
 
 # Whole-word tokens of the Qwen2/Qwen3 vocabulary (" the", " model", ...): used when no tokenizer is
 # given, so the mock's text reads as words with the bundled tokenizer. Any list works for other models.
@@ -199,6 +203,8 @@ class MockEngineRank:
         self.scripts: list[list[int]] = [list(tokens) for tokens in config.scripts]
         self.hash_counts = HashCounts()
         self.requests_received = 0
+        self.recent: deque[EngineCoreRequest] = deque(maxlen=RECENT_REQUESTS)
+        """The last ADDs as received (bounded), for in-process tests that check what the front end sent."""
         self.aborts_received = 0
         self.finished = 0
         self.stall_until = 0.0
@@ -308,6 +314,7 @@ class MockEngineRank:
             logger.error("rank %d: duplicate request id %s: a real engine dies here", self.rank, request.request_id)
             self.die("sentinel")
         self.requests_received += 1
+        self.recent.append(request)
         self.check_hashes(request)
         sp = request.sampling_params
         seed_source = f"{len(request.prompt_token_ids or ())}:{sum(request.prompt_token_ids or ())}"

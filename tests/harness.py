@@ -73,16 +73,16 @@ def running_harness(config_overrides: dict | None = None, **mock_options: object
     options: dict = {"step_interval_s": 0.002, "output_len": 12, "max_model_len": 4096, "advertise_feh": True}
     options.update(mock_options)
     mock = MockEngine(MockConfig(handshake_address=f"tcp://127.0.0.1:{rpc_port}", ranks=[0], **options)).start()
-    config = ServerConfig(
-        model=BUNDLED_TOKENIZER_NAME,
-        served_model_name=[MODEL],
-        port=http_port,
-        api_key=[API_KEY],
-        data_parallel_rpc_port=rpc_port,
-        engine_startup_timeout=20,
-        max_request_body_bytes=1024 * 1024,
-        **(config_overrides or {}),
-    )
+    settings: dict = {
+        "model": BUNDLED_TOKENIZER_NAME,
+        "served_model_name": [MODEL],
+        "port": http_port,
+        "api_key": [API_KEY],
+        "data_parallel_rpc_port": rpc_port,
+        "engine_startup_timeout": 20,
+        "max_request_body_bytes": 1024 * 1024,
+    }
+    config = ServerConfig(**{**settings, **(config_overrides or {})})
     server, thread = start_server(config)
     try:
         yield Harness(f"http://127.0.0.1:{http_port}", mock, server.config.app)

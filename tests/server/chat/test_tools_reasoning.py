@@ -189,3 +189,27 @@ def test_tools_render_as_vllm_renders_them(env, strict) -> None:
     expected = tokenizer.hf.apply_chat_template(messages, tools=[tool], add_generation_prompt=True, tokenize=False)
     assert response["tokens"] == tokenizer.encode(expected, add_special_tokens=False)
     assert ('"strict": true' in expected) is (strict is True) and '"strict": null' not in expected
+
+
+@pytest.mark.parametrize(
+    ("template_kwargs", "reasoning_ended"),
+    [(None, False), ({"enable_thinking": True}, False), ({"enable_thinking": False}, True)],
+)
+def test_engine_request_says_where_the_reasoning_ends(env, template_kwargs, reasoning_ended) -> None:
+    # What vLLM 0.32's chat serving sends (resolve_reasoning_ended + reasoning_parser_kwargs): an engine
+    # started with --reasoning-parser then applies a forced tool choice's constraint only after </think>.
+    client, mock, _ = env
+    extra = {"chat_template_kwargs": template_kwargs} if template_kwargs is not None else {}
+    client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=3,
+        extra_body=extra,
+    )
+    sent = mock.ranks[0].recent[-1]
+    assert sent.reasoning_ended is reasoning_ended
+    assert sent.reasoning_parser_kwargs == {"chat_template_kwargs": template_kwargs or {}}
+    assert sent.sampling_params.structured_outputs is not None
+    assert sent.sampling_params.structured_outputs.structural_tag is not None
