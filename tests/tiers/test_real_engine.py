@@ -855,7 +855,10 @@ def test_vllm_bench_serve_against_pyfront(tiny_model: Path, vllm_venv: Path, tok
 
 # ------------------------------------------------------------- 6. tool calls and reasoning: vLLM FE vs pyfront
 
-PARSER_FLAGS = ("--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3")
+
+def _parser_flags(tool_parser: str) -> tuple[str, ...]:
+    return ("--tool-call-parser", tool_parser, "--enable-auto-tool-choice", "--reasoning-parser", "qwen3")
+
 
 CHAT_TOOLS = [
     {
@@ -922,6 +925,68 @@ TOOL_REASONING_CASES: dict[str, tuple[str, dict | None]] = {
     ),
     # Qwen3.5-family habit: a call opened while thinking, the thinking never closed (issue 14).
     "call_inside_unclosed_thinking": ("I need the time first.\n" + _hermes_call("get_time", {}), None),
+}
+
+
+def _xml_call(name: str, arguments: dict[str, str]) -> str:
+    """A Qwen3-Coder / Qwen3.5 XML call; each value as the model writes it (text, or JSON for non-strings)."""
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+# name: (scripted model output, chat_template_kwargs, tool_choice), for --tool-call-parser qwen3_coder.
+XML_CASES: dict[str, tuple[str, dict | None, object]] = {
+    "xml_one_call": (
+        "<think>\nI need the weather in Paris.\n</think>\n\n"
+        + _xml_call("get_weather", {"city": "Paris", "unit": "celsius"}),
+        None,
+        "auto",
+    ),
+    "xml_two_calls_one_parameterless": (
+        "<think>\nWeather and time.\n</think>\n\n"
+        + _xml_call("get_weather", {"city": "Berlin"})
+        + "\n"
+        + _xml_call("get_time", {}),
+        None,
+        "auto",
+    ),
+    "xml_typed_and_multiline_values": (
+        "<think>\nTyped values.\n</think>\n\n"
+        + _xml_call(
+            "get_weather",
+            {"city": 'Zürich "Altstadt"\nsecond line', "options": json.dumps(NESTED_ARGUMENTS["options"])},
+        ),
+        None,
+        "auto",
+    ),
+    "xml_xml_special_characters": (
+        "<think>\nSpecial characters.\n</think>\n\n"
+        + _xml_call("get_weather", {"city": "a < b && c > d <b>bold</b> 東京 🎉"}),
+        None,
+        "auto",
+    ),
+    "xml_call_inside_unclosed_thinking": ("I need the time first.\n" + _xml_call("get_time", {}), None, "auto"),
+    "xml_content_no_thinking": ("Paris is the capital of France.", {"enable_thinking": False}, "auto"),
+    "xml_call_no_thinking": (_xml_call("get_weather", {"city": "Oslo"}), {"enable_thinking": False}, "auto"),
+    "xml_named": (
+        "<think>\nForced.\n</think>\n\n" + _xml_call("get_weather", {"city": "Rome"}),
+        None,
+        NAMED_WEATHER,
+    ),
+    "xml_required": (
+        "<think>\nRequired.\n</think>\n\n" + _xml_call("get_time", {}),
+        None,
+        "required",
+    ),
+}
+
+# Per parser: (cases with tool_choice, the cases where vLLM's stream sends the whitespace before the calls as
+# content while its own non-streamed answer has none: see VLLM_STREAM_WHITESPACE_BEFORE_CALLS).
+PARSER_SUITES: dict[str, tuple[dict[str, tuple[str, dict | None, object]], set[str]]] = {
+    "hermes": ({name: (text, kwargs, "auto") for name, (text, kwargs) in TOOL_REASONING_CASES.items()}, set()),
+    "qwen3_coder": (XML_CASES, set()),
 }
 
 
@@ -1037,6 +1102,7 @@ def _short(result: dict) -> str:
 # streaming parser passes text before <tool_call> through; nothing drops it), so its stream disagrees with
 # its own non-streamed answer. pyfront gives the non-streamed result in both modes: no content delta.
 VLLM_STREAM_WHITESPACE_BEFORE_CALLS = {"reasoning_one_call", "two_calls_one_parameterless", "nested_arguments"}
+PARSER_SUITES["hermes"][1].update(VLLM_STREAM_WHITESPACE_BEFORE_CALLS)
 
 
 def _invalid_tool_schema_cases(model: str) -> dict[str, dict[str, object]]:
@@ -1062,18 +1128,22 @@ def _invalid_tool_schema_cases(model: str) -> dict[str, dict[str, object]]:
 
 
 @pytest.mark.real_engine
+@pytest.mark.parametrize("tool_parser", list(PARSER_SUITES))
 def test_tool_calls_and_reasoning_match_vllm_frontend(
-    tiny_model: Path, vllm_venv: Path, tokenizer, tmp_path: Path
+    tool_parser: str, tiny_model: Path, vllm_venv: Path, tokenizer, tmp_path: Path
 ) -> None:
-    """vLLM 0.32's own front end and pyfront, each with `--tool-call-parser hermes --enable-auto-tool-choice
-    --reasoning-parser qwen3`, each against a mock engine scripted with the same outputs, answer the same chat
-    requests (two tools, tool_choice auto, temperature 0) with the same reasoning, content, tool calls (name
-    and JSON arguments; ids are random by design) and finish reason, streamed and not (one listed vLLM
-    streaming quirk aside). Raw answers are kept in tmp_path/answers-*.json."""
+    """vLLM 0.32's own front end and pyfront, each with `--tool-call-parser <hermes | qwen3_coder>
+    --enable-auto-tool-choice --reasoning-parser qwen3`, each against a mock engine scripted with the same
+    outputs, answer the same chat requests (two tools, temperature 0; tool_choice auto, and for qwen3_coder
+    also required and named) with the same reasoning, content, tool calls (name and JSON arguments; ids are
+    random by design) and finish reason, streamed and not (one listed vLLM streaming quirk aside). Raw
+    answers are kept in tmp_path/answers-*.json."""
     t_test = time.monotonic()
+    cases, whitespace_quirk = PARSER_SUITES[tool_parser]
+    parser_flags = _parser_flags(tool_parser)
     rpc_vllm, http_vllm, rpc_pyfront, http_pyfront = _ports(4)
     script: list[list[int]] = []
-    for text, _ in TOOL_REASONING_CASES.values():
+    for text, _, _ in cases.values():
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert tokenizer.decode(ids) == text
         script += [ids, ids]  # one non-streamed request, then one streamed, per case
@@ -1086,7 +1156,7 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
     with managed_processes() as procs:
         frontend = procs.add(
             real_engine.start_vllm_frontend(
-                tiny_model, rpc_vllm, http_vllm, tmp_path / "vllm-fe.log", venv=vllm_venv, extra_args=PARSER_FLAGS
+                tiny_model, rpc_vllm, http_vllm, tmp_path / "vllm-fe.log", venv=vllm_venv, extra_args=parser_flags
             )
         )
         vllm_mock = procs.add(
@@ -1094,7 +1164,7 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
                                "--arrival-log", str(tmp_path / "vllm-arrivals.log"))
         )  # fmt: skip
         pyfront = procs.add(
-            _start_pyfront_server(tiny_model, http_pyfront, rpc_pyfront, tmp_path / "pyfront.log", *PARSER_FLAGS)
+            _start_pyfront_server(tiny_model, http_pyfront, rpc_pyfront, tmp_path / "pyfront.log", *parser_flags)
         )
         pyfront_mock = procs.add(
             _start_mock_engine(rpc_pyfront, tmp_path / "pyfront-mock.log", *mock_args,
@@ -1107,9 +1177,9 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
             model = _model_id(server.url)
             raw: dict[str, object] = {}
             with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
-                for name, (_, template_kwargs) in TOOL_REASONING_CASES.items():
+                for name, (_, template_kwargs, tool_choice) in cases.items():
                     body = {"model": model, "messages": [{"role": "user", "content": f"Case {name}: go."}],
-                            "tools": CHAT_TOOLS, "tool_choice": "auto", "temperature": 0}  # fmt: skip
+                            "tools": CHAT_TOOLS, "tool_choice": tool_choice, "temperature": 0}  # fmt: skip
                     if template_kwargs is not None:
                         body["chat_template_kwargs"] = template_kwargs
                     r = client.post("/v1/chat/completions", json=body)
@@ -1152,12 +1222,12 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
     # usage, reasoning_tokens included (vLLM's qwen3 parser counts them; langchain reads the field).
     assert usages["pyfront"] == usages["vllm"]
     vllm, ours = results["vllm"], results["pyfront"]
-    for name in TOOL_REASONING_CASES:
+    for name in cases:
         full, stream = f"{name}/full", f"{name}/stream"
         assert _comparable(ours[full]) == _comparable(vllm[full]), full
         # pyfront's stream is its non-streamed answer, whatever vLLM's stream does.
         assert _comparable(ours[stream]) == _comparable(ours[full]), stream
-        if name in VLLM_STREAM_WHITESPACE_BEFORE_CALLS:
+        if name in whitespace_quirk:
             # The quirk above: vLLM streams content "\n\n" where its own non-streamed content is null.
             assert vllm[full]["content"] is None and vllm[stream]["content"] == "\n\n", (vllm[full], vllm[stream])
             assert _comparable(vllm[stream], content="") == _comparable(vllm[full]), stream
