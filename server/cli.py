@@ -236,7 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[int(r) for r in ssl.VerifyMode],
         help="client certificates: 0 not asked, 1 optional, 2 required (Python's ssl.CERT_*)",
     )
-    serve.add_argument("--tool-call-parser", default=None, help="tool call parser (known: hermes)")
+    serve.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="tool call parser (e.g. hermes, qwen3_coder), or auto: the format the chat template writes "
+        "(an unknown name lists the known ones)",
+    )
     serve.add_argument(
         "--enable-auto-tool-choice",
         action=argparse.BooleanOptionalAction,
