@@ -50,16 +50,18 @@ vLLM's own parser, ``tests/server/chat/test_qwen3_coder.py``):
 * a parameter written twice appears twice in the arguments text, the later value last, so any
   JSON reader that keeps the last duplicate (Python's, JavaScript's) gets vLLM's object; a stream
   cannot move a value it has sent;
-* ``</tool_call>`` and ``<tool_call>`` end a block wherever they are (the framework's rule), also
-  inside a value or before ``</function>`` (vLLM reads them as argument text there, so a call
-  missing ``</function>`` swallows the rest of the output);
-* a block that names no function is content (framework rule; vLLM drops it), and so is one with
-  anything but whitespace before its ``<function=`` (vLLM ignores that text);
+* ``</tool_call>`` and ``<tool_call>`` end a block anywhere but inside a parameter value (where
+  they are text, as in vLLM): vLLM reads them as argument text anywhere before ``</function>``, so
+  a call missing its ``</function>`` swallows the rest of the output, later calls included;
+* a block that names no function (no ``<function=NAME>`` with a non-empty name and its ``>``) is
+  content, tags included (the framework's rule; vLLM drops it, or for a name cut off by the end of
+  the output makes it a call);
 * text after a call is content in both modes (vLLM's stream keeps it; its non-streaming result
   drops everything after the first call).
 
-As in vLLM: ``<function=`` without ``<tool_call>`` opens a call; after ``</function>``, text up to
-``</tool_call>`` is dropped, and another ``<function=`` there is another call.
+As in vLLM: ``<function=`` without ``<tool_call>`` opens a call; text between ``<tool_call>`` and
+``<function=`` is dropped; after ``</function>``, text up to ``</tool_call>`` is dropped, and another
+``<function=`` there is another call.
 """
 
 from __future__ import annotations
@@ -286,7 +288,7 @@ def _step_function_end(state: int, c: str) -> int:
 
 
 # XmlCallBody states.
-_PRE = 0  # before "<function=": whitespace only
+_PRE = 0  # before "<function="
 _NAME = 1  # the function name, up to ">"
 _SEEK = 2  # between parameters: looking for "<parameter="
 _PNAME = 3  # a parameter name, up to ">"
@@ -299,8 +301,9 @@ class XmlCallBody:
     """Reads one block's inside, from after ``<tool_call>`` (or from a bare ``<function=``).
 
     :class:`~pyfront.server.chat.parsers.tool_calls.CallBody`, plus :attr:`done` (``</function>``
-    was read) and :meth:`feed` returning how much of the text it took: it stops after
-    ``</function>`` and after the character where it failed, leaving the rest to the stream.
+    was read), :attr:`in_value`, and :meth:`feed` returning how much of the text it took: it stops
+    after ``</function>`` and after the ``>`` of an empty function name (where it fails), leaving the
+    rest to the stream.
     ``properties`` gives the schema properties of a function by name (None: no schema).
     """
 
@@ -309,7 +312,7 @@ class XmlCallBody:
         self._properties_of = properties
         self._properties: Mapping[str, Any] | None = None
         self._state = _PRE
-        self._pre = 0  # characters of "<function=" matched
+        self._pre_tail = ""  # a possible beginning of "<function=" at the end of the text so far
         self._text: list[str] = []  # the function or parameter name read so far
         # a possible tag: its text (from "<") and its matchers' states
         self._tag: list[str] | None = None
@@ -329,6 +332,11 @@ class XmlCallBody:
     @property
     def done(self) -> bool:
         return self._state == _DONE
+
+    @property
+    def in_value(self) -> bool:
+        """Inside a parameter value, where ``<tool_call>`` and ``</tool_call>`` are text (as in vLLM)."""
+        return self._state == _VALUE
 
     def take_arguments(self) -> str:
         out = "".join(self._out)
@@ -353,8 +361,7 @@ class XmlCallBody:
             if self._tag is not None:
                 i = self._tag_step(text, i)
             elif state == _PRE:
-                self._pre_step(text[i])
-                i += 1
+                i = self._pre_step(text, i)
             elif state == _NAME:
                 j = text.find(">", i)
                 if j < 0:
@@ -382,15 +389,18 @@ class XmlCallBody:
 
     # -- the parts -------------------------------------------------------------------
 
-    def _pre_step(self, c: str) -> None:
-        if self._pre == 0 and c.isspace():
-            return
-        if c != FUNCTION_START[self._pre]:
-            self._state = _FAILED
-            return
-        self._pre += 1
-        if self._pre == len(FUNCTION_START):
-            self._state = _NAME
+    def _pre_step(self, text: str, i: int) -> int:
+        """Text before ``<function=`` is dropped (as vLLM's ``TOOL_PREAMBLE`` does)."""
+        tail = self._pre_tail
+        buf = tail + text[i:]
+        j = buf.find(FUNCTION_START)
+        if j < 0:
+            keep = partial_tag_overlap(buf, FUNCTION_START)
+            self._pre_tail = buf[len(buf) - keep :] if keep else ""
+            return len(text)
+        self._pre_tail = ""
+        self._state = _NAME
+        return i + j + len(FUNCTION_START) - len(tail)  # the match ends past the tail, a proper prefix
 
     def _end_function_name(self) -> None:
         name = "".join(self._text).strip()  # vLLM strips the name (str.strip)
@@ -618,6 +628,12 @@ class Qwen3CoderStream(TaggedToolCallStream):
             if state == _IN_BLOCK:
                 pos += self._feed_body(buf[pos:stop])
                 if self._state != _IN_BLOCK:
+                    continue
+                body = self._xml
+                assert body is not None
+                if body.in_value:  # the tag is part of the value
+                    tag = TOOL_END if stop == j_end else TOOL_START
+                    pos += self._feed_body(tag)
                     continue
             elif state == _IN_BROKEN_BLOCK:
                 self._content(buf[pos:stop])
