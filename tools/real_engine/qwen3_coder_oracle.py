@@ -213,6 +213,18 @@ CASES: dict[str, tuple[str, str]] = {
     "partial_start_at_end": ("See <tool", "typed"),
     "partial_bare_at_end": ("See <funct", "typed"),
     "long_value": (call("run_code", ("code", LONG)), "typed"),
+    "think_tags_in_content": ("a <think>b</think> c\n" + W, "typed"),
+    "think_end_in_value": (call("run_code", ("code", "x</think>y")), "typed"),
+    "call_then_bare_function": (
+        W + "\n<function=get_weather>\n<parameter=city>\nB\n</parameter>\n</function>",
+        "typed",
+    ),
+    "many_params_compact_typed": (
+        "<tool_call><function=typed><parameter=i>1</parameter><parameter=b>false</parameter>"
+        "<parameter=a>[]</parameter><parameter=o>{}</parameter></function></tool_call>",
+        "typed",
+    ),
+    "value_with_gt_and_eq": (call("get_weather", ("city", "a=b>c <p>html</p>")), "typed"),
 }
 
 _LIST = [WEATHER, NO_PARAMS]

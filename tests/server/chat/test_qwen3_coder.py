@@ -114,6 +114,12 @@ OURS_WHERE_DIFFERENT: dict[str, tuple[Result, str]] = {
         ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', []),
         "the same: a block that names no function is content (vLLM drops it)",
     ),
+    "think_tags_in_content": (
+        ("a <think>b</think> c\n", [("get_weather", '{"city": "Paris", "days": 3}')]),
+        "</think> in content is the reasoning parser's business: pyfront's qwen3 reasoning parser drops a second "
+        "</think> from the content, as vLLM's composed parser does (see test_parsers.py, think_in_content); the "
+        "tool parser alone keeps it, as vLLM's does when no reasoning parser is configured",
+    ),
     "empty_function_name": (
         ("<tool_call>\n<function=>\n<parameter=city>\nA\n</parameter>\n</function>\n</tool_call>", []),
         "the same: an empty name names no function (vLLM drops the block)",
