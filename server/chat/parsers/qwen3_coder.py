@@ -57,7 +57,11 @@ vLLM's own parser, ``tests/server/chat/test_qwen3_coder.py``):
   content, tags included (the framework's rule; vLLM drops it, or for a name cut off by the end of
   the output makes it a call);
 * text after a call is content in both modes (vLLM's stream keeps it; its non-streaming result
-  drops everything after the first call).
+  drops everything after the first call), and content next to calls is not stripped, only
+  whitespace-only stretches dropped (vLLM's non-streaming result strips it, its stream does not);
+* ``</think>`` in the content is text: dropping a stray one is the reasoning parser's job (pyfront's
+  ``qwen3`` does, as vLLM's composed parser does; vLLM's tool parser also drops it unless no
+  reasoning parser is configured).
 
 As in vLLM: ``<function=`` without ``<tool_call>`` opens a call; text between ``<tool_call>`` and
 ``<function=`` is dropped; after ``</function>``, text up to ``</tool_call>`` is dropped, and another
