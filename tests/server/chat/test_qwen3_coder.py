@@ -240,6 +240,8 @@ def test_registry() -> None:
     assert get_tool_parser("qwen3_xml") is Qwen3CoderToolParser
     assert TOOL_PARSER_CLASSES.index(Qwen3CoderToolParser) < TOOL_PARSER_CLASSES.index(HermesToolParser)
     assert Qwen3CoderToolParser.structural_tag_model == "qwen_3_coder"
+    with pytest.raises(ValueError, match=r"known: auto, hermes, qwen3_coder, qwen3_json, qwen3_xml$"):
+        get_tool_parser("mistral")
 
 
 # Excerpts of the tool-call parts of the official chat templates.
