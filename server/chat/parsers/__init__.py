@@ -8,6 +8,7 @@ content and tool calls, whole (``parse``) or streamed (``stream().feed()`` /
 * :mod:`pyfront.server.chat.parsers.qwen3_reasoning`: ``qwen3``.
 * :mod:`pyfront.server.chat.parsers.tool_calls`: tool-call shapes, base classes, tag-delimited formats.
 * :mod:`pyfront.server.chat.parsers.hermes`: ``hermes``, ``<tool_call>{json}</tool_call>``.
+* :mod:`pyfront.server.chat.parsers.qwen3_coder`: ``qwen3_coder``, ``<tool_call><function=...>`` XML calls.
 * :mod:`pyfront.server.chat.parsers.json_stream`: incremental JSON reading for the above.
 * :mod:`pyfront.server.chat.parsers.tool_choice`: ``required`` / named ``tool_choice``: constraints
   and their output.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from pyfront.server.chat.parsers.hermes import HermesToolParser
 from pyfront.server.chat.parsers.pipeline import OutputDelta, OutputParser, OutputStream, ParsedOutput
+from pyfront.server.chat.parsers.qwen3_coder import Qwen3CoderToolParser
 from pyfront.server.chat.parsers.qwen3_reasoning import Qwen3ReasoningParser
 from pyfront.server.chat.parsers.reasoning import ReasoningDelta, ReasoningParser, ReasoningStream
 from pyfront.server.chat.parsers.tool_calls import (
@@ -46,6 +48,7 @@ __all__ = [
     "OutputStream",
     "ParsedOutput",
     "ParsedToolCalls",
+    "Qwen3CoderToolParser",
     "Qwen3ReasoningParser",
     "ReasoningDelta",
     "ReasoningParser",
@@ -61,7 +64,7 @@ __all__ = [
     "make_tool_call_id",
 ]
 
-TOOL_PARSER_CLASSES: tuple[type[ToolCallParser], ...] = (HermesToolParser,)
+TOOL_PARSER_CLASSES: tuple[type[ToolCallParser], ...] = (Qwen3CoderToolParser, HermesToolParser)
 """Every tool-call format, in the order ``--tool-call-parser auto`` tries them on a chat template."""
 
 TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
