@@ -980,7 +980,17 @@ XML_CASES: dict[str, tuple[str, dict | None, object]] = {
         None,
         "required",
     ),
+    "xml_text_after_call": (
+        "<think>\nCall, then say so.\n</think>\n\n" + _xml_call("get_time", {}) + "\nI asked for the time.",
+        None,
+        "auto",
+    ),
 }
+
+# vLLM 0.32 with qwen3_coder drops the text after the last call from its non-streamed answer but streams it
+# (without the newline after </tool_call>); pyfront keeps it in both modes, as written (what a model writes is
+# not thrown away; only whitespace-only stretches next to calls are dropped: tests/server/chat/test_qwen3_coder.py).
+VLLM_FULL_DROPS_TEXT_AFTER_CALLS = {"xml_text_after_call": "\nI asked for the time."}
 
 # Per parser: (cases with tool_choice, the cases where vLLM's stream sends the whitespace before the calls as
 # content while its own non-streamed answer has none: see VLLM_STREAM_WHITESPACE_BEFORE_CALLS).
@@ -1224,6 +1234,15 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
     vllm, ours = results["vllm"], results["pyfront"]
     for name in cases:
         full, stream = f"{name}/full", f"{name}/stream"
+        if name in VLLM_FULL_DROPS_TEXT_AFTER_CALLS:
+            after = VLLM_FULL_DROPS_TEXT_AFTER_CALLS[name]
+            assert not vllm[full]["content"] and vllm[stream]["content"] == after.lstrip("\n"), (
+                vllm[full],
+                vllm[stream],
+            )
+            assert _comparable(ours[full]) == _comparable(vllm[full], content=after), full
+            assert _comparable(ours[stream]) == _comparable(vllm[stream], content=after), stream
+            continue
         assert _comparable(ours[full]) == _comparable(vllm[full]), full
         # pyfront's stream is its non-streamed answer, whatever vLLM's stream does.
         assert _comparable(ours[stream]) == _comparable(ours[full]), stream
