@@ -594,12 +594,13 @@ def run_mock_engine(config: MockConfig, stop: threading.Event | None = None) -> 
 
 
 def load_word_ids(tokenizer_path: str) -> list[int]:
-    """Whole-word token ids of a tokenizer (slow import of transformers: only when asked)."""
+    """Whole-word token ids of a tokenizer directory or bundled tokenizer name (slow import of transformers:
+    only when asked)."""
     from transformers import AutoTokenizer
 
-    from pyfront.server.text.bundled_tokenizer import whole_word_token_ids
+    from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name, whole_word_token_ids
 
-    return whole_word_token_ids(AutoTokenizer.from_pretrained(tokenizer_path), 512)
+    return whole_word_token_ids(AutoTokenizer.from_pretrained(resolve_tokenizer_name(tokenizer_path)), 512)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
