@@ -19,7 +19,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from pyfront.server.config import ServerConfig, resolve_api_keys, tokenizer_problem
-from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, QWEN3, bundled_spec
 
 # `vllm serve` flags that configure the engine, not the front end (vLLM's EngineArgs), with vLLM's short
 # aliases: pyfront refuses them by name, so the error says where they belong rather than "unrecognized".
@@ -366,6 +366,10 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
     if args.mock_engine and "--advertise-feh" not in mock_args and "--no-feh" not in mock_args:
         mock_args.append("--advertise-feh")
     mock_args = [a for a in mock_args if a != "--no-feh"]
+    spec = bundled_spec(args.tokenizer or args.model)
+    if args.mock_engine and spec not in (None, QWEN3) and not {"--tokenizer", "--word-ids"} & set(mock_args):
+        # The mock's default words are Qwen3 ids: for another bundled vocabulary it picks that one's words.
+        mock_args += ["--tokenizer", spec.name]
     return ServerConfig(
         model=args.model,
         served_model_name=args.served_model_name,

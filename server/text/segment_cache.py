@@ -107,6 +107,9 @@ _ASCII_TAIL += f"|[{_ASCII_SPACE}]+"
 _ASCII_PRE_TOKENIZERS: dict[str, str] = {
     _GPT4_STYLE_HEAD + r"\p{N}" + _GPT4_STYLE_TAIL: _ASCII_HEAD + "[0-9]" + _ASCII_TAIL,  # Qwen2 / Qwen3
     _GPT4_STYLE_HEAD + r"\p{N}{1,3}" + _GPT4_STYLE_TAIL: _ASCII_HEAD + "[0-9]{1,3}" + _ASCII_TAIL,  # Llama 3 / cl100k
+    # Qwen3.5 / Qwen3.6: Qwen2's with combining marks (\p{M}, none in ASCII) joined to letters.
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": _ASCII_HEAD + "[0-9]" + _ASCII_TAIL,
 }
 #: Unicode normal forms leave ASCII text unchanged.
 _ASCII_IDENTITY_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})

