@@ -47,6 +47,7 @@ from tools.real_engine import engine as real_engine
 # Qwen3.6 ids (see server/text/bundled_tokenizer.py): <|endoftext|> 248044, <|im_start|> 248045, <|im_end|> 248046.
 ENDOFTEXT, IM_START, IM_END = QWEN36_FIRST_ADDED_ID, QWEN36_FIRST_ADDED_ID + 1, QWEN36_FIRST_ADDED_ID + 2
 GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+PARSERS = ("--enable-auto-tool-choice", "--reasoning-parser", "qwen3", "--tool-call-parser")
 
 TOOLS = [
     {
@@ -95,8 +96,13 @@ TOOL_ROUND_TRIP = [
     {"role": "tool", "tool_call_id": "call_2", "content": "Rain 🌧️, 17 C"},
 ]
 
-# tool_choice "none": neither front end is given a tool-call parser (pyfront has no XML one yet), and vLLM
-# refuses tool_choice "auto" without one; with "none" both still render the tools into the prompt.
+# Both front ends parse Qwen3.6's XML calls (vLLM: --tool-call-parser qwen3_coder; pyfront: auto, which must pick
+# qwen3_coder from the template) with --reasoning-parser qwen3; the engines run --reasoning-parser qwen3 too, so a
+# forced tool choice is applied from the first token when the prompt closed the thinking (thinking off) and only
+# after </think> when it is on: the greedy ids of the forced cases show that both front ends tell the engine the
+# same thing (the same structural tag, the same reasoning_ended).
+FORCED = {"ignore_eos": False, "max_tokens": 48}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
 CHAT_CASES: dict[str, dict] = {
     "plain_thinking_default": {"messages": [{"role": "user", "content": "Hello, who are you?"}]},
     "thinking_off": {
@@ -116,9 +122,9 @@ CHAT_CASES: dict[str, dict] = {
     "tools_first_turn": {
         "messages": [{"role": "user", "content": "Weather in Paris?"}],
         "tools": TOOLS,
-        "tool_choice": "none",
+        "tool_choice": "auto",
     },
-    "tools_round_trip": {"messages": TOOL_ROUND_TRIP, "tools": TOOLS, "tool_choice": "none"},
+    "tools_round_trip": {"messages": TOOL_ROUND_TRIP, "tools": TOOLS, "tool_choice": "auto"},
     "tools_round_trip_thinking_off": {
         "messages": [
             *TOOL_ROUND_TRIP,
@@ -134,12 +140,33 @@ CHAT_CASES: dict[str, dict] = {
             {"role": "tool", "tool_call_id": "call_3", "content": '[{"name": "Brolly", "price": 12}]'},
         ],
         "tools": TOOLS,
-        "tool_choice": "none",
+        "tool_choice": "auto",
         "chat_template_kwargs": {"enable_thinking": False},
     },
     "until_eos": {"messages": [{"role": "user", "content": "Say something."}], "ignore_eos": False, "max_tokens": 40},
+    "named_thinking_off": {
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": TOOLS,
+        "tool_choice": NAMED,
+        "chat_template_kwargs": {"enable_thinking": False},
+        **FORCED,
+    },
+    "required_thinking_off": {
+        "messages": [{"role": "user", "content": "Search the web."}],
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "chat_template_kwargs": {"enable_thinking": False},
+        **FORCED,
+    },
+    "named_thinking_on": {
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": TOOLS,
+        "tool_choice": NAMED,
+        **FORCED,
+    },
 }
-STREAMED_CHAT_CASES = ("tools_round_trip", "thinking_off")
+FORCED_THINKING_OFF = ("named_thinking_off", "required_thinking_off")
+STREAMED_CHAT_CASES = ("tools_round_trip", "thinking_off", "named_thinking_off")
 # vLLM 0.32's /tokenize drops assistant `reasoning_content` (its chat endpoint keeps it: the prompt_tokens agree);
 # pyfront's /tokenize renders what its chat endpoint renders. Only cases whose kept reasoning (after the last user
 # query) comes from `reasoning_content` show it.
@@ -204,8 +231,13 @@ def _chat(client: httpx.Client, model: str, case: dict) -> dict:
     assert r.status_code == 200, f"HTTP {r.status_code} {r.text}"
     data = r.json()
     choice = data["choices"][0]
+    message = choice["message"]
     return {
-        "content": choice["message"]["content"],
+        "content": message["content"],
+        "reasoning": message.get("reasoning"),
+        "calls": [
+            (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []
+        ],
         "finish": choice["finish_reason"],
         "ids": _token_ids(choice["logprobs"], "chat"),
         "usage": {k: data["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
@@ -214,16 +246,29 @@ def _chat(client: httpx.Client, model: str, case: dict) -> dict:
 
 def _chat_stream(client: httpx.Client, model: str, case: dict) -> dict:
     body = {"model": model, **GREEDY, **case, "stream": True, "stream_options": {"include_usage": True}}
-    text, finish, usage = "", None, None
+    text, reasoning, finish, usage = "", "", None, None
+    calls: dict[int, list[str]] = {}
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200, f"HTTP {r.status_code} {r.read()!r}"
         for event in _sse_events(r):
             if event.get("usage"):
                 usage = {k: event["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
             for choice in event.get("choices", []):
-                text += choice["delta"].get("content") or ""
+                delta = choice["delta"]
+                text += delta.get("content") or ""
+                reasoning += delta.get("reasoning") or ""
+                for call in delta.get("tool_calls") or []:
+                    entry = calls.setdefault(call["index"], ["", ""])
+                    entry[0] += call.get("function", {}).get("name") or ""
+                    entry[1] += call.get("function", {}).get("arguments") or ""
                 finish = choice.get("finish_reason") or finish
-    return {"content": text, "finish": finish, "usage": usage}
+    return {
+        "content": text,
+        "reasoning": reasoning,
+        "calls": [(name, json.loads(args)) for name, args in (calls[i] for i in sorted(calls))],
+        "finish": finish,
+        "usage": usage,
+    }
 
 
 def _completion(client: httpx.Client, model: str, case: dict, *, stream: bool = False) -> dict:
@@ -296,16 +341,21 @@ def test_qwen36_greedy_chat_and_completions_match_vllm_frontend(
         ):
             procs.add(
                 real_engine.start_headless_engine(
-                    tiny_qwen36_model, rpc, tmp_path / f"{name}.log", venv=vllm_venv, extra_args=ENGINE_EXTRA_ARGS,
+                    tiny_qwen36_model, rpc, tmp_path / f"{name}.log", venv=vllm_venv,
+                    extra_args=(*ENGINE_EXTRA_ARGS, "--reasoning-parser", "qwen3"),
                     env={"VLLM_CPU_OMP_THREADS_BIND": str(core)},
                 )
             )  # fmt: skip
         engines = list(procs.handles)
         fe_log = tmp_path / "vllm-fe.log"
         frontend = procs.add(
-            real_engine.start_vllm_frontend(tiny_qwen36_model, rpc_vllm, http_vllm, fe_log, venv=vllm_venv)
+            real_engine.start_vllm_frontend(
+                tiny_qwen36_model, rpc_vllm, http_vllm, fe_log, venv=vllm_venv, extra_args=(*PARSERS, "qwen3_coder")
+            )
         )
-        pyfront = procs.add(_start_pyfront_server(tiny_qwen36_model, http_pyfront, rpc_pyfront, tmp_path / "pf.log"))
+        pyfront = procs.add(
+            _start_pyfront_server(tiny_qwen36_model, http_pyfront, rpc_pyfront, tmp_path / "pf.log", *PARSERS, "auto")
+        )
         real_engine.wait_healthy(frontend, timeout=STARTUP_TIMEOUT_S, also_alive=[engines[0]])
         real_engine.wait_healthy(pyfront, timeout=STARTUP_TIMEOUT_S, also_alive=[engines[1]])
         t_ready = time.monotonic()
@@ -332,6 +382,7 @@ def test_qwen36_greedy_chat_and_completions_match_vllm_frontend(
     # pyfront's start-up self-checks passed on this tokenizer (they log only when they turn something off).
     assert "segment tokenization cache enabled" in pf_log, pf_log[-3000:]
     assert "fast chat render disabled" not in pf_log, pf_log[-3000:]
+    assert "--tool-call-parser auto: the chat template writes qwen3_coder tool calls" in pf_log, pf_log[-3000:]
 
     vllm, ours = answers["vllm"], answers["pyfront"]
     quirk = {f"chat/{name}/prompt" for name in VLLM_TOKENIZE_DROPS_REASONING_CONTENT}
@@ -367,10 +418,19 @@ def test_qwen36_greedy_chat_and_completions_match_vllm_frontend(
         assert text.endswith("<|im_start|>assistant\n" + closing), name
         assert ("<function=" in text) == ("tools" in case), name
     assert vllm["chat/plain_thinking_default/prompt"][0] == IM_START  # type: ignore[index]
+    # The forced cases (equal on both sides above): with the thinking closed in the prompt the constraint held from
+    # the first token, so the output is a call to the forced function; with it open, the constraint waits for a
+    # </think> this random model never writes, so the output is all reasoning and no call.
+    for name in FORCED_THINKING_OFF:
+        answer = ours[f"chat/{name}"]
+        assert answer["calls"] and answer["finish"] in ("stop", "tool_calls", "length"), (name, answer)  # type: ignore[index]
+    assert ours["chat/named_thinking_off"]["calls"][0][0] == "get_weather"  # type: ignore[index]
+    thinking = ours["chat/named_thinking_on"]
+    assert not thinking["calls"] and thinking["reasoning"], thinking  # type: ignore[index]
     for key, answer in vllm.items():
         if key.endswith("/prompt"):
             continue
         assert answer["usage"]["prompt_tokens"] > 0, key  # type: ignore[index]
-        if "until_eos" not in key:
+        if "until_eos" not in key and not key.startswith(("chat/named", "chat/required")):
             assert answer["finish"] == "length", key  # type: ignore[index]
             assert answer["usage"]["completion_tokens"] == GREEDY["max_tokens"], key  # type: ignore[index]

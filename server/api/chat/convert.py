@@ -110,8 +110,8 @@ def chat_message(choice: Choice, plan: OutputPlan | None) -> tuple[dict[str, Any
     parsed = plan.parser.parse(choice.text.text)
     calls = parsed.calls if plan.parallel_tool_calls else parsed.calls[:1]
     content = parsed.content
-    if plan.forced and calls:
-        content = ""
+    if plan.named_tool or (plan.forced and calls):
+        content = ""  # vLLM 0.32: a named function's message has content "", called or not
     message = {
         "role": "assistant",
         "content": content,
