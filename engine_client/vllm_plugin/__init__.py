@@ -10,7 +10,8 @@ the engine's log), so installing pyfront next to vLLM is harmless to engines tha
 
 Knobs (engine environment): `PYFRONT_ENGINE_FEH_VERIFY` (fraction of blobs recomputed, default 0.01; the
 first is always checked) and `PYFRONT_ENGINE_FEH_SALT` (`feh1` default, or `stock`), see `state.py`.
-This package must not import `pyfront.server`: it runs inside the engine's process.
+This package must not import `pyfront.server`: it runs inside the engine's process. What it relies on in
+vLLM and the order of its checks: docs/engine-protocol.md#feh-on-stock-vllm-the-engine-side-plugin.
 """
 
 from __future__ import annotations
