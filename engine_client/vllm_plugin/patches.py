@@ -160,13 +160,19 @@ def install(state: FehState) -> list[str]:
 
     def _make_ready_response(self: Any) -> Any:
         response = stock_make_ready(self)
-        config, reason = advertisable(self, stock_hasher_code)
+        # This runs in the input thread, where an exception would end the thread and so the engine: a
+        # surprise while deciding means "advertise nothing", never a dead engine.
+        try:
+            config, reason = advertisable(self, stock_hasher_code)
+            if config is not None and state.settings.salt_mode is SaltMode.FEH1:
+                self.request_block_hasher = feh1_salted(self.request_block_hasher)
+        except Exception as exc:
+            logger.exception("FEH: deciding the advertisement failed")
+            config, reason = None, f"deciding the advertisement failed: {exc!r}"
         if config is None:
             state.stay_inactive(reason)
             logger.info("FEH: this engine advertises no native_frontend_hash_config: %s", reason)
             return response
-        if state.settings.salt_mode is SaltMode.FEH1:
-            self.request_block_hasher = feh1_salted(self.request_block_hasher)
         state.activate(config)
         logger.info(
             "FEH: advertising %s (salt mode %s, verifying the first blob and %.2g%% of the rest); utility %s has "
