@@ -94,8 +94,8 @@ def main() -> None:
     kv_cache_utils.init_none_hash(sha256)
     stock_hasher = kv_cache_utils.get_request_block_hasher(BLOCK, sha256)
     config = HashConfig(ALGORITHM, BLOCK, kv_cache_utils.NONE_HASH)
-    PLUGIN.state.activate(config)  # what the patched _make_ready_response does when it advertises
-    plugin_hasher = feh1_salted(stock_hasher)  # ... and this is the hasher it then gives the engine
+    # What the patched _make_ready_response does when it advertises (the copy serves salted requests only).
+    PLUGIN.state.activate(config, (stock_hasher, feh1_salted(stock_hasher)))
     plugin_cls, plugin_from = core.EngineCoreRequest, Request.from_engine_core_request
     stock_decoder, plugin_decoder = MsgpackDecoder(stock_cls), MsgpackDecoder(plugin_cls)
 
@@ -113,8 +113,8 @@ def main() -> None:
 
         cases = {
             "stock": functools.partial(_add, stock_from, stock_decoder, stock_hasher, stock_frames),
-            "blob": functools.partial(_add, plugin_from, plugin_decoder, plugin_hasher, blob_frames),
-            "no_blob": functools.partial(_add, plugin_from, plugin_decoder, plugin_hasher, no_blob_frames),
+            "blob": functools.partial(_add, plugin_from, plugin_decoder, stock_hasher, blob_frames),
+            "no_blob": functools.partial(_add, plugin_from, plugin_decoder, stock_hasher, no_blob_frames),
         }
         expected = cases["stock"]().block_hashes
         assert len(expected) == length // BLOCK

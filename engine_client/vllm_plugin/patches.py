@@ -15,10 +15,11 @@ layout. Each swap keeps vLLM's behaviour for everything FEH does not touch:
    calls its block hasher once, for the prompt; a `SeededHasher` answers that call with the shipped hashes
    and hands every later call (generated tokens) to the engine's own hasher, which chains from the last
    shipped hash exactly as it would from its own.
-4. In salt mode feh1 the engine's block hasher becomes a copy of vLLM's `request_block_hasher` whose global
-   `generate_block_hash_extra_keys` turns the tagged `(("cache_salt", s),)` into feh1's `(s,)`. Only that
-   copy sees the change: the KV-event and offload code call their own, unchanged binding and keep the
-   tagged form their consumers parse.
+4. In salt mode feh1, salted requests get a copy of vLLM's `request_block_hasher` (made once, when the
+   engine advertises) whose global `generate_block_hash_extra_keys` turns the tagged `(("cache_salt", s),)`
+   into feh1's `(s,)`; unsalted requests keep the engine's own hasher (the rewrite would change nothing).
+   Only that copy sees the change: the KV-event and offload code call their own, unchanged binding and
+   keep the tagged form their consumers parse.
 5. `EngineCore.pyfront_feh_stats` returns the counters (a utility method: the front end calls it by name).
 """
 
@@ -28,7 +29,6 @@ import dataclasses
 import logging
 import pickle
 import types
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -36,7 +36,7 @@ import msgspec
 from pyfront.engine_client.negotiation import ADVERTISEMENT_KEY, feh_eligible
 from pyfront.engine_client.protocol import NativeFrontendHashConfig
 from pyfront.engine_client.vllm_plugin.layout import FEH_FIELD, inner_function_code, problems, read_layout
-from pyfront.engine_client.vllm_plugin.state import FehState, SaltMode
+from pyfront.engine_client.vllm_plugin.state import FehState, Hasher, SaltMode
 from pyfront.hashing import ALGORITHM, HashConfig
 from pyfront.hashing.config import DIGEST_SIZE
 
@@ -44,8 +44,6 @@ logger = logging.getLogger("vllm.pyfront_feh")
 
 STATS_METHOD = "pyfront_feh_stats"
 """The utility method that returns the counters (`EngineClient.call_utility("pyfront_feh_stats")`)."""
-
-Hasher = Callable[[Any], list[bytes]]
 
 
 class SeededHasher:
@@ -162,10 +160,11 @@ def install(state: FehState) -> list[str]:
         response = stock_make_ready(self)
         # This runs in the input thread, where an exception would end the thread and so the engine: a
         # surprise while deciding means "advertise nothing", never a dead engine.
+        salted: tuple[Hasher, Hasher] | None = None
         try:
             config, reason = advertisable(self, stock_hasher_code)
             if config is not None and state.settings.salt_mode is SaltMode.FEH1:
-                self.request_block_hasher = feh1_salted(self.request_block_hasher)
+                salted = (self.request_block_hasher, feh1_salted(self.request_block_hasher))
         except Exception as exc:
             logger.exception("FEH: deciding the advertisement failed")
             config, reason = None, f"deciding the advertisement failed: {exc!r}"
@@ -173,7 +172,7 @@ def install(state: FehState) -> list[str]:
             state.stay_inactive(reason)
             logger.info("FEH: this engine advertises no native_frontend_hash_config: %s", reason)
             return response
-        state.activate(config)
+        state.activate(config, salted)
         logger.info(
             "FEH: advertising %s (salt mode %s, verifying the first blob and %.2g%% of the rest); utility %s has "
             "the counters",
@@ -193,10 +192,10 @@ def install(state: FehState) -> list[str]:
         if block_hasher is None:  # no prefix caching and no connector: nothing is hashed, FEH is inactive
             state.judge(blob, 0, eligible=False, salted=False)  # counts an unexpected blob as "inactive"
             return stock_from_request(cls, request, None)
+        salted = bool(request.cache_salt)
+        block_hasher = state.hasher_for(block_hasher, salted)
         prompt = request.prompt_token_ids
-        verdict = state.judge(
-            blob, len(prompt) if prompt is not None else 0, feh_eligible(request), bool(request.cache_salt)
-        )
+        verdict = state.judge(blob, len(prompt) if prompt is not None else 0, feh_eligible(request), salted)
         if verdict.hashes is not None and not verdict.verify:
             req = stock_from_request(cls, request, SeededHasher(verdict.hashes, block_hasher))
             state.record_used(len(verdict.hashes))
@@ -208,7 +207,8 @@ def install(state: FehState) -> list[str]:
             state.record_verified(request.request_id, verdict.hashes, req.block_hashes)
         return req
 
-    # 4 happens in _make_ready_response (the engine's hasher exists only by then). 5. The counters.
+    # 4 is made in _make_ready_response (the engine's hasher exists only by then) and picked by
+    # state.hasher_for above. 5. The counters.
     def pyfront_feh_stats(self: Any) -> dict[str, Any]:
         """FEH's counters and state on this engine (pyfront.engine_client.vllm_plugin)."""
         return state.snapshot()

@@ -17,7 +17,7 @@ import os
 import random
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -35,6 +35,9 @@ SALT_ENV = "PYFRONT_ENGINE_FEH_SALT"
 """`feh1` (default): the engine hashes salted prompts with feh1's untagged salt key and accepts salted blobs;
 `stock`: the engine's hashing stays vLLM's bit for bit and salted blobs are refused."""
 DEFAULT_VERIFY_FRACTION = 0.01
+
+Hasher = Callable[[Any], list[bytes]]
+"""vLLM's request block hasher: Request -> the digests of its new full blocks."""
 
 
 class SaltMode(enum.StrEnum):
@@ -115,6 +118,7 @@ class FehState:
         self._lock = threading.Lock()
         self._rng = rng if rng is not None else random.Random()
         self._config: HashConfig | None = None
+        self._salted_hashers: tuple[Hasher, Hasher] | None = None
         self._inactive_reason = "the engine has not sent its registration yet"
         self._trusting = True
         self._verified_once = False
@@ -123,15 +127,21 @@ class FehState:
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
-    def activate(self, config: HashConfig) -> None:
-        """The engine advertised `config`: from now on blobs that match it may be used."""
+    def activate(self, config: HashConfig, salted_hashers: tuple[Hasher, Hasher] | None = None) -> None:
+        """The engine advertised `config`: from now on blobs that match it may be used.
+
+        `salted_hashers` is (the engine's block hasher, its feh1-salted copy) in salt mode feh1, None in
+        salt mode stock; see `hasher_for`.
+        """
         with self._lock:
             self._config = config
+            self._salted_hashers = salted_hashers
 
     def stay_inactive(self, reason: str) -> None:
         """The engine advertised nothing; `reason` goes into the stats (the log line says it once)."""
         with self._lock:
             self._config = None
+            self._salted_hashers = None
             self._inactive_reason = reason
 
     @property
@@ -139,13 +149,18 @@ class FehState:
         with self._lock:
             return self._config
 
-    @property
-    def salts_feh1(self) -> bool:
-        """Whether the engine's own hasher must use feh1's salt key: only while FEH is advertised.
+    def hasher_for(self, block_hasher: Hasher, salted: bool) -> Hasher:
+        """The block hasher a request gets: the feh1-salted copy of the engine's hasher for a salted request
+        while FEH is advertised in salt mode feh1, else `block_hasher` itself.
 
-        An engine that advertises nothing keeps vLLM's hashing exactly, whatever the salt mode says.
+        Unsalted requests keep the engine's own hasher because for them the salt rewrite changes nothing
+        and would only cost a call per block; an engine that advertises nothing keeps vLLM's hashing exactly.
         """
-        return self.settings.salt_mode is SaltMode.FEH1 and self.config is not None
+        if not salted:
+            return block_hasher
+        with self._lock:
+            pair = self._salted_hashers
+        return pair[1] if pair is not None and pair[0] is block_hasher else block_hasher
 
     # --- per request -----------------------------------------------------------------------------------
 

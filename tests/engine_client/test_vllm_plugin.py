@@ -146,9 +146,20 @@ def test_an_engine_that_did_not_advertise_uses_no_blob_and_salts_as_vllm() -> No
     state = _state(active=False)
     state.stay_inactive("prefix caching is off")
     assert state.judge(_blob(), len(PROMPT), eligible=True, salted=False).fallback is Fallback.INACTIVE
-    assert not state.salts_feh1
+    engine_hasher = _vllm_like_hasher()
+    assert state.hasher_for(engine_hasher, salted=True) is engine_hasher
     assert state.snapshot()["inactive_reason"] == "prefix caching is off" and not state.snapshot()["active"]
-    assert _state().salts_feh1 and not _state(salt_mode=SaltMode.STOCK).salts_feh1
+
+
+def test_only_salted_requests_get_the_feh1_salted_hasher() -> None:
+    engine_hasher, salted_copy, other = _vllm_like_hasher(), _vllm_like_hasher(), _vllm_like_hasher()
+    state = _state()
+    state.activate(CONFIG, (engine_hasher, salted_copy))
+    assert state.hasher_for(engine_hasher, salted=True) is salted_copy
+    assert state.hasher_for(engine_hasher, salted=False) is engine_hasher  # the rewrite would be a no-op
+    assert state.hasher_for(other, salted=True) is other  # not the hasher the copy was made from
+    stock = _state(salt_mode=SaltMode.STOCK)  # salt mode stock: activated without a copy
+    assert stock.hasher_for(engine_hasher, salted=True) is engine_hasher
 
 
 def test_a_mismatch_withdraws_trust_for_good(caplog: pytest.LogCaptureFixture) -> None:
