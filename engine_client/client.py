@@ -58,7 +58,7 @@ from pyfront.engine_client.handshake import (
     HandshakeServer,
     identity_rank,
 )
-from pyfront.engine_client.negotiation import Negotiation, feh_enabled_by_env, negotiate
+from pyfront.engine_client.negotiation import Negotiation, feh_eligible, feh_enabled_by_env, negotiate
 from pyfront.engine_client.protocol import (
     EngineCoreOutput,
     EngineCoreReadyResponse,
@@ -274,23 +274,6 @@ class RequestStream:
         if output.finish_reason is not None:
             self.finished = True
         return output
-
-
-def feh_eligible(request: EngineCoreRequest) -> bool:
-    """Whether front-end block hashes may go with this request: plain token prompts only.
-
-    docs/engine-protocol.md#feh-negotiation, rule 3.
-
-    For LoRA, multimodal, prompt-embedding and resumable requests the engine hashes extra keys that the
-    feh1 recipe does not model, so hashes sent for them could share KV cache between different inputs.
-    """
-    return (
-        request.prompt_token_ids is not None
-        and request.lora_request is None
-        and not request.mm_features
-        and request.prompt_embeds is None
-        and not request.resumable
-    )
 
 
 def release_waiter(waiter: asyncio.Future[None]) -> None:

@@ -46,6 +46,7 @@ import zmq
 from msgspec import UNSET
 
 from pyfront.engine_client import codec, protocol
+from pyfront.engine_client.negotiation import feh_eligible
 from pyfront.engine_client.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -335,7 +336,7 @@ class MockEngineRank:
                 self.hash_counts.unexpected += 1
             return
         block = self.hash_config.block_size
-        eligible = request.lora_request is None and not request.mm_features and request.prompt_embeds is None
+        eligible = feh_eligible(request)
         if blob is None:
             if eligible and len(prompt) >= block:
                 self.hash_counts.missing += 1

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from pyfront.engine_client.protocol import EngineCoreReadyResponse
 from pyfront.hashing import HashConfig, default_none_hash
@@ -19,6 +20,39 @@ logger = logging.getLogger(__name__)
 
 FEH_ENV = "VLLM_NATIVE_FEH"
 ADVERTISEMENT_KEY = "native_frontend_hash_config"
+
+
+class FehRequest(Protocol):
+    """The request fields rule 3 reads: pyfront's EngineCoreRequest and vLLM's own (the engine-side plugin) both fit."""
+
+    @property
+    def prompt_token_ids(self) -> object: ...
+    @property
+    def lora_request(self) -> object: ...
+    @property
+    def mm_features(self) -> object: ...
+    @property
+    def prompt_embeds(self) -> object: ...
+    @property
+    def resumable(self) -> object: ...
+
+
+def feh_eligible(request: FehRequest) -> bool:
+    """Whether front-end block hashes may go with this request: plain token prompts only.
+
+    docs/engine-protocol.md#feh-negotiation, rule 3. The front end applies it before sending hashes, and the
+    engine-side plugin (pyfront.engine_client.vllm_plugin) applies it again before using any it receives.
+
+    For LoRA, multimodal, prompt-embedding and resumable requests the engine hashes extra keys that the
+    feh1 recipe does not model, so hashes sent for them could share KV cache between different inputs.
+    """
+    return (
+        request.prompt_token_ids is not None
+        and request.lora_request is None
+        and not request.mm_features
+        and request.prompt_embeds is None
+        and not request.resumable
+    )
 
 
 def feh_enabled_by_env(environ: Mapping[str, str] = os.environ) -> bool:
