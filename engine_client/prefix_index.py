@@ -77,6 +77,8 @@ class EngineBlocks:
     skipped: int = 0
     """Stored blocks that could not be indexed (other group or block size, unknown parent)."""
     clears: int = 0
+    last_clear: str = ""
+    """Why the entries were last dropped (a gap in the events, the engine gone, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +121,15 @@ class PrefixIndex:
             engine.blocks.clear()
             engine.chains.clear()
             engine.clears += 1
-            if engine.mode in EVENT_MODES:
-                engine.reason = f"{engine.reason}; cleared: {reason}"
+            engine.last_clear = reason
 
     def mode(self, rank: int) -> str:
         return self._engines[rank].mode
 
     def status(self, rank: int) -> EngineIndexStatus:
         e = self._engines[rank]
-        return EngineIndexStatus(e.mode, e.reason, len(e.blocks), e.stored, e.removed, e.skipped, e.clears)
+        reason = f"{e.reason}; last cleared: {e.last_clear}" if e.last_clear else e.reason
+        return EngineIndexStatus(e.mode, reason, len(e.blocks), e.stored, e.removed, e.skipped, e.clears)
 
     # ------------------------------------------------------------------ writes
 
