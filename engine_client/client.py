@@ -574,7 +574,7 @@ class EngineClient:
         self._subscriber = KVEventSubscriber(self._index, silence_timeout_s=cfg.routing.silence_timeout_s)
         for engine in self.engines:
             self._subscribe(engine)
-        self._subscriber.start()
+        self._subscriber.start()  # idle (a poll timeout every 100 ms) while no engine publishes
         self._routing_reason = f"cache-aware on {block_size}-token blocks ({hash_config.describe()})"
         logger.info("routing: %s", self._routing_reason)
 
