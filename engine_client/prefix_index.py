@@ -10,7 +10,10 @@ Keys. A block's key is the low 64 bits of its 32-byte digest (what vLLM publishe
 
 - ``engine_hashes``: FEH was negotiated (the engine hashes with what pyfront ships: equal by construction),
   or the first `VERIFY_BLOCKS` unsalted blocks the engine stored, re-hashed here from their token ids,
-  gave the engine's own hashes (default sha256 prefix hashing, same seed);
+  gave the engine's own hashes (default sha256 prefix hashing, same seed). Chains whose blocks carry extra
+  keys (a cache salt) are still re-hashed: a stock engine hashes the salt tagged, ``("salt", s)``, and
+  publishes it untagged, while pyfront's feh1 recipe (what the router looks up) hashes ``(s,)``; re-hashing
+  the published key gives pyfront's hash in both cases, and the block's descendants follow its chain;
 - ``verifying`` (until then) and ``recomputed`` (a block differed: another ``PYTHONHASHSEED``, another
   ``--prefix-caching-hash-algo``): the key is pyfront's own chain, computed from each event's token ids and
   its parent's chain digest (kept per engine: engine key -> pyfront digest). A block whose parent was never
@@ -70,7 +73,9 @@ class EngineBlocks:
     blocks: dict[int, int] = field(default_factory=dict)
     """key -> bit set of the media holding the block; insertion order is age."""
     chains: dict[int, bytes] = field(default_factory=dict)
-    """engine key -> pyfront's digest of the same block (verifying / recomputed)."""
+    """engine key -> pyfront's digest of the same block (verifying / recomputed, and salted chains)."""
+    salted: dict[int, None] = field(default_factory=dict)
+    """Engine keys of blocks in chains that carry extra keys (an ordered set): re-hashed in every mode."""
     verified: int = 0
     stored: int = 0
     removed: int = 0
@@ -120,6 +125,7 @@ class PrefixIndex:
             engine = self._engines[rank]
             engine.blocks.clear()
             engine.chains.clear()
+            engine.salted.clear()
             engine.clears += 1
             engine.last_clear = reason
 
@@ -147,6 +153,7 @@ class PrefixIndex:
                 elif isinstance(event, AllBlocksCleared):
                     engine.blocks.clear()
                     engine.chains.clear()
+                    engine.salted.clear()
                     engine.clears += 1
 
     def record_sent(self, rank: int, keys: Sequence[int]) -> None:
@@ -177,21 +184,27 @@ class PrefixIndex:
         media = _MEDIA.get(event.medium, _OTHER_MEDIUM)
         blocks = engine.blocks
         engine.stored += len(hashes)
-        if engine.mode == ENGINE_HASHES:
+        chains = engine.chains
+        extra = event.extra_keys
+        salted = engine.salted
+        parent_salted = event.parent_block_hash is not None and block_key(event.parent_block_hash) in salted
+        plain = engine.mode == ENGINE_HASHES and not parent_salted and (extra is None or all(k is None for k in extra))
+        if plain:
             for block_hash in hashes:
                 key = block_key(block_hash)
                 held = blocks.pop(key, 0)
                 blocks[key] = held | media
             self._bound(blocks)
             return
-        chains = engine.chains
         parent: bytes | None
         if event.parent_block_hash is None:
             parent = self.hash_config.none_hash
         else:
             parent = chains.get(block_key(event.parent_block_hash))
         tokens = event.token_ids
-        extra = event.extra_keys
+        # Only blocks whose whole chain carries no extra keys can prove the engine's hashes (a salted root
+        # changes every descendant, on the engine's side differently from pyfront's).
+        in_salted_chain = parent_salted
         sha256, dumps = hashlib.sha256, pickle.dumps
         for i, block_hash in enumerate(hashes):
             if parent is None:
@@ -206,22 +219,22 @@ class PrefixIndex:
             held = blocks.pop(key, 0)
             blocks[key] = held | media
             parent = digest
-            if engine.mode == VERIFYING and extra_keys is None:
+            if extra_keys is not None:
+                in_salted_chain = True
+            if in_salted_chain:
+                salted.pop(engine_key, None)
+                salted[engine_key] = None
+            elif engine.mode == VERIFYING:
                 if engine_key == key:
                     engine.verified += 1
                     if engine.verified >= VERIFY_BLOCKS:
                         engine.mode = ENGINE_HASHES
+                        for plain_key in [k for k in chains if k not in salted]:
+                            del chains[plain_key]  # plain chains key by the engine's hashes from now on
                         engine.reason = (
                             f"the engine's block hashes of its first {VERIFY_BLOCKS} unsalted blocks equal "
                             "pyfront's, re-hashed from their token ids: keyed by the engine's hashes"
                         )
-                        chains.clear()
-                        # The rest of this event keys as the engine's own hashes (proven equal).
-                        for later in hashes[i + 1 :]:
-                            later_key = block_key(later)
-                            held = blocks.pop(later_key, 0)
-                            blocks[later_key] = held | media
-                        break
                 else:
                     engine.mode = RECOMPUTED
                     engine.reason = (
@@ -231,22 +244,23 @@ class PrefixIndex:
                     )
         self._bound(blocks)
         self._bound(chains)
+        self._bound(salted)
 
     def _removed(self, engine: EngineBlocks, event: BlockRemoved) -> None:
         if (event.group_idx or 0) != 0:
             return
         media = _MEDIA.get(event.medium, _OTHER_MEDIUM)
-        blocks = engine.blocks
-        chained = engine.mode != ENGINE_HASHES
+        blocks, chains = engine.blocks, engine.chains
+        trusted = engine.mode == ENGINE_HASHES
         for block_hash in event.block_hashes:
             engine_key = block_key(block_hash)
-            if chained:
-                digest = engine.chains.get(engine_key)
-                if digest is None:
-                    continue
+            digest = chains.get(engine_key)
+            if digest is not None:
                 key = digest_key(digest)
-            else:
+            elif trusted:
                 key = engine_key
+            else:
+                continue
             held = blocks.get(key)
             if held is None:
                 continue
@@ -256,8 +270,9 @@ class PrefixIndex:
             else:
                 del blocks[key]
                 engine.removed += 1
-                if chained:
-                    del engine.chains[engine_key]
+                if digest is not None:
+                    del chains[engine_key]
+                    engine.salted.pop(engine_key, None)
 
     # ------------------------------------------------------------------ reads
 

@@ -172,10 +172,11 @@ def test_salted_blocks_chain_with_the_salt() -> None:
     assert idx.longest_prefixes(keys_of(PROMPT, salt="tenant-b")) == [0, 0]
 
 
-def test_verification_ignores_salted_blocks() -> None:
+def test_salted_chains_prove_nothing() -> None:
     idx = index(VERIFYING)
-    idx.apply(0, batch(stored(PROMPT, 0, 10, salt="s")))  # only block 0 carries the salt; the rest verify
-    assert idx.mode(0) == ENGINE_HASHES
+    idx.apply(0, batch(stored(PROMPT, 0, 10, salt="s")))  # FEH-style salted hashes: pyfront's, but unverifiable
+    assert idx.mode(0) == VERIFYING
+    assert idx.longest_prefixes(keys_of(PROMPT, salt="s")) == [10, 0]
 
 
 def test_approximate_records_what_was_sent_and_events_are_ignored() -> None:
@@ -251,3 +252,43 @@ def test_concurrent_writers_and_readers() -> None:
 def test_bad_bound() -> None:
     with pytest.raises(ValueError):
         PrefixIndex(1, CONFIG, max_blocks=0)
+
+
+def stock_salted(tokens: list[int], salt: str, start_block: int, end_block: int) -> BlockStored:
+    """What a stock vLLM engine publishes for a salted prompt: hashes with the tagged key ("salt", s) on
+    block 0 (so every block's hash differs from pyfront's feh1), extra_keys published untagged, (s,)."""
+    parent = CONFIG.none_hash
+    digests = []
+    for i in range(len(tokens) // BS):
+        extra = (("salt", salt),) if i == 0 else None
+        parent = hashlib.sha256(pickle.dumps((parent, tuple(tokens[i * BS : (i + 1) * BS]), extra), 5)).digest()
+        digests.append(parent)
+    keys = [digest_key(d) for d in digests]
+    return BlockStored(
+        block_hashes=keys[start_block:end_block],
+        parent_block_hash=keys[start_block - 1] if start_block else None,
+        token_ids=tokens[start_block * BS : end_block * BS],
+        block_size=BS,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        extra_keys=[(salt,) if i == 0 else None for i in range(start_block, end_block)],
+        group_idx=0,
+    )
+
+
+@pytest.mark.parametrize("mode", [VERIFYING, ENGINE_HASHES])
+def test_stock_salted_chains_are_rehashed_to_pyfronts_keys(mode: str) -> None:
+    """A stock engine's salted blocks never equal pyfront's feh1 hashes; their published (untagged) key and
+    token ids give pyfront's, in every mode, and neither they nor their descendants fail verification."""
+    idx = index(mode)
+    idx.apply(0, batch(stock_salted(PROMPT, "tenant", 0, 3)))
+    idx.apply(0, batch(stock_salted(PROMPT, "tenant", 3, 10)))  # a continuation: no extra keys, salted chain
+    assert idx.mode(0) == mode, "salted chains prove nothing either way"
+    assert idx.longest_prefixes(keys_of(PROMPT, salt="tenant")) == [10, 0]
+    stock_keys = [k for k in stock_salted(PROMPT, "tenant", 0, 10).block_hashes]
+    idx.apply(0, batch(BlockRemoved(block_hashes=[stock_keys[6]], medium="GPU")))
+    assert idx.longest_prefixes(keys_of(PROMPT, salt="tenant")) == [6, 0]
+    idx.apply(0, batch(stored(PROMPT, 0, 10)))  # unsalted: verifies (or is trusted)
+    assert idx.mode(0) == ENGINE_HASHES
+    assert idx.longest_prefixes(keys_of(PROMPT)) == [10, 0]
