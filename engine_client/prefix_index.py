@@ -168,7 +168,7 @@ class PrefixIndex:
                 blocks[key] = 1
             self._bound(blocks)
 
-    def _bound(self, table: dict[int, int] | dict[int, bytes]) -> None:
+    def _bound(self, table: dict[int, int] | dict[int, bytes] | dict[int, None]) -> None:
         excess = len(table) - self.max_blocks
         if excess > 0:
             oldest = iter(table)
