@@ -452,6 +452,7 @@ class MockEngineRank:
                     first,
                     state.digests[first - 1] if first else None,
                     request.cache_salt,
+                    request.session_id,
                 )
                 state.block_ids = hit + new
             state.prefill_stats = PrefillStats(
@@ -506,6 +507,7 @@ class MockEngineRank:
             stored,
             state.digests[stored - 1] if stored else None,
             state.request.cache_salt,
+            state.request.session_id,
         )
 
     def release(self, state: _Running) -> None:

@@ -65,6 +65,9 @@ KV_EVENTS_DEFAULTS: dict[str, Any] = {
 }
 """vLLM 0.32's ``KVEventsConfig`` fields in declaration order (the order of the registration's map) and defaults."""
 
+FULL_ATTENTION = "full_attention"
+"""``KVCacheSpecKind.FULL_ATTENTION``: what vLLM's ``KVCacheManager.take_events`` sets on a dense model's stores."""
+
 _TYPES: dict[str, tuple[type, ...]] = {
     "enable_kv_cache_events": (bool,),
     "publisher": (str,),
@@ -173,12 +176,14 @@ class PrefixCache:
         first_block: int,
         parent: bytes | None,
         cache_salt: str | None,
+        session_id: str | None,
     ) -> list[int]:
         """Cache new full blocks of one request (blocks `first_block`... of its sequence); their ids.
 
         `token_ids` are the blocks' tokens, `parent` the digest of block `first_block - 1` (None for block 0).
-        The event is vLLM's ``cache_full_blocks`` one: extra keys per block are the untagged salt on block 0
-        of a salted request and None elsewhere (``to_event_extra_keys`` of a text prompt).
+        The event is vLLM's ``cache_full_blocks`` one as its KVCacheManager publishes it: extra keys per block
+        are the untagged salt on block 0 of a salted request and None elsewhere (``to_event_extra_keys`` of a
+        text prompt); the one KV cache group is a dense model's full attention.
         """
         if not digests:
             return []
@@ -203,6 +208,8 @@ class PrefixCache:
                     lora_name=None,
                     extra_keys=[salt_key if first_block + i == 0 else None for i in range(len(digests))],
                     group_idx=0,
+                    kv_cache_spec_kind=FULL_ATTENTION,
+                    session_id=session_id,
                 )
             )
         return ids

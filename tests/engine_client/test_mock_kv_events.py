@@ -221,11 +221,13 @@ async def generate(
     salt: str | None = None,
     rank: int | None = None,
     blob: bytes | None = None,
+    session_id: str | None = None,
     **sampling: Any,
 ) -> list[EngineCoreOutput]:
     """Every output of one request, run to its end."""
     params = SamplingParams(max_tokens=max_tokens, eos_token_id=EOS, **sampling)
     request = EngineCoreRequest(f"r{next(_ids)}", list(ids), None, params, None, time.time(), None, salt, None)
+    request.session_id = session_id
     stream = await engine_client.add_request(request, rank=rank, prompt_block_hashes=blob)
     return [output async for output in stream]
 
@@ -245,7 +247,13 @@ def stored(batch: EventBatch) -> BlockStored:
 
 
 def check_stored(
-    event: BlockStored, sequence: list[int], first: int, last: int, salt: str | None = None, config: HashConfig = FEH1
+    event: BlockStored,
+    sequence: list[int],
+    first: int,
+    last: int,
+    salt: str | None = None,
+    config: HashConfig = FEH1,
+    session_id: str | None = None,
 ) -> None:
     """`event` stores blocks first..last-1 of `sequence` (prompt + output) exactly as vLLM's cache_full_blocks."""
     chain = block_hashes(sequence, config, salt)
@@ -256,7 +264,8 @@ def check_stored(
         BLOCK, None, "GPU", None, 0,
     )  # fmt: skip
     assert event.extra_keys == [(salt,) if salt and first + i == 0 else None for i in range(last - first)]
-    assert (event.kv_cache_spec_kind, event.locality, event.ownership, event.session_id) == (None, None, None, None)
+    assert (event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window) == ("full_attention", None)
+    assert (event.locality, event.ownership, event.session_id) == (None, None, session_id)
 
 
 async def stats(engine_client: EngineClient, rank: int = 0) -> dict[str, Any]:
@@ -298,7 +307,7 @@ def test_block_stored_events_are_the_feh1_chain(feh: bool) -> None:
                 ]
                 sequences = []
                 for ids, max_tokens, salt in runs:
-                    outputs = await generate(c, ids, max_tokens, salt=salt)
+                    outputs = await generate(c, ids, max_tokens, salt=salt, session_id=salt and f"session-{salt}")
                     assert len(tokens_of(outputs)) == max_tokens
                     sequences.append(ids + tokens_of(outputs))
                 counters = await wait_for_batches(c, 8)
@@ -311,13 +320,13 @@ def test_block_stored_events_are_the_feh1_chain(feh: bool) -> None:
         batches = stream.batches(8)
     assert all(b.data_parallel_rank == 0 and isinstance(b.ts, float) for b in batches)
     check_stored(stored(batches[0]), s1, 0, 3)
-    check_stored(stored(batches[1]), s2, 0, 2, salt="tenant-a")
+    check_stored(stored(batches[1]), s2, 0, 2, salt="tenant-a", session_id="session-tenant-a")
     check_stored(stored(batches[2]), s3, 0, 2)
     check_stored(stored(batches[3]), s3, 2, 3)
     check_stored(stored(batches[4]), s3, 3, 4)
     check_stored(stored(batches[5]), s4, 0, 2)
-    check_stored(stored(batches[6]), s5, 0, 2, salt="tenant-b")
-    check_stored(stored(batches[7]), s5, 2, 3, salt="tenant-b")  # chained from the salted block 0
+    check_stored(stored(batches[6]), s5, 0, 2, salt="tenant-b", session_id="session-tenant-b")
+    check_stored(stored(batches[7]), s5, 2, 3, salt="tenant-b", session_id="session-tenant-b")  # after block 0
 
 
 def test_a_feh_blob_is_used_as_sent() -> None:
