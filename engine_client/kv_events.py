@@ -11,9 +11,10 @@ publishes every change of its prefix cache [src: vLLM 0.32 ``vllm/distributed/kv
   `AllBlocksCleared`; block hashes are the low 64 bits of the engine's 32-byte digests as ints
   (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, on by default), or the digests themselves when that is off;
 - an optional ROUTER replay socket answers ``[b"", start_seq]`` (from a DEALER) with one
-  ``[b"", seq, payload]`` per buffered batch from ``start_seq`` on (the last ``buffer_steps``) and then
-  ``[b"", END_SEQ, b""]``;
-- both endpoints are offset by the DP rank (tcp: port + rank; inproc: ``_dp<rank>``); the PUB socket
+  ``[b"", topic, seq, payload]`` per buffered batch from ``start_seq`` on (the last ``buffer_steps``) and then
+  ``[b"", b"", END_SEQ, b""]`` (the PUB socket's three frames behind the DEALER's empty delimiter; the end
+  marker's topic is empty);
+- both endpoints are offset by the DP rank (tcp: port + rank, port 0 left as is; inproc: ``_dp<rank>``); the PUB socket
   *binds* for ``*``, ``::``, ipc and inproc endpoints and *connects* otherwise, so for ``tcp://HOST:P``
   the subscriber is the one that binds; the replay socket always binds. The engine reports the resolved
   endpoints (after the offset) in its registration's ``kv_events_config``.
@@ -123,6 +124,7 @@ def block_key(block_hash: ExternalBlockHash) -> int:
 def offset_endpoint(endpoint: str | None, rank: int) -> str | None:
     """vLLM's ``ZmqEventPublisher.offset_endpoint_port``: rank r publishes on port + r (tcp), ``_dp<r>`` (inproc).
 
+    A tcp port of 0 stays 0 (every rank lets the OS pick its own port and reports it in its registration).
     vLLM raises for any other transport with a rank > 0 (ipc included), so such an endpoint cannot serve
     several ranks; ValueError here too.
     """
@@ -134,7 +136,7 @@ def offset_endpoint(endpoint: str | None, rank: int) -> str | None:
         if ":" not in endpoint:
             return endpoint
         base, port = endpoint.rsplit(":", 1)
-        return f"{base}:{int(port) + rank}"
+        return endpoint if int(port) == 0 else f"{base}:{int(port) + rank}"
     raise ValueError(f"KV events endpoint {endpoint!r} cannot be offset for DP rank {rank} (only tcp and inproc can)")
 
 

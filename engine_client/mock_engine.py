@@ -28,6 +28,7 @@ again with the same `--ranks` is a restarted engine, as a real one: it says HELL
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,13 @@ import zmq
 from msgspec import UNSET
 
 from pyfront.engine_client import codec, protocol
+from pyfront.engine_client.kv_events import parse_config_flag
+from pyfront.engine_client.mock_prefix_cache import (
+    KVEventPublisher,
+    PrefixCache,
+    publishes,
+    resolve_kv_events_config,
+)
 from pyfront.engine_client.negotiation import feh_eligible
 from pyfront.engine_client.protocol import (
     EngineCoreOutput,
@@ -56,12 +64,21 @@ from pyfront.engine_client.protocol import (
     LogprobsLists,
     LogprobsTensors,
     NativeFrontendHashConfig,
+    PrefillStats,
     SchedulerStats,
     UtilityCall,
     UtilityOutput,
     WireTensor,
 )
-from pyfront.hashing import HashConfig, block_hashes, default_none_hash, unpack_block_hashes
+from pyfront.hashing import (
+    ALGORITHM,
+    HashConfig,
+    block_hashes,
+    default_none_hash,
+    seeded_none_hash,
+    unpack_block_hashes,
+)
+from pyfront.hashing.blocks import hash_chain, salt_extra_keys
 
 logger = logging.getLogger("pyfront.mock_engine")
 
@@ -168,6 +185,20 @@ class MockConfig:
     """Outputs for the first requests, in arrival order (see the utility mock_script)."""
     step_on_arrival: bool = False
     """Benchmarks: a request arriving at an idle engine is stepped at once, not on the next step tick."""
+    enable_prefix_caching: bool = False
+    """Simulate vLLM's prefix cache (mock_prefix_cache.PrefixCache): cached tokens in prefill_stats, KV events."""
+    prefix_cache_blocks: int | None = None
+    """The cache's capacity in blocks; None: num_gpu_blocks."""
+    hash_seed: str | None = None
+    """The engine's PYTHONHASHSEED: its none_hash (prefix cache and FEH advertisement) is derived from it as vLLM
+    does; None: this process's default_none_hash() (or feh_none_hash)."""
+    kv_events_config: Mapping[str, Any] | None = None
+    """vLLM's ``--kv-events-config`` object (its KVEventsConfig keys; defaults filled in)."""
+    kv_events_int_hashes: bool = True
+    """vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: block hashes in events as their low 64 bits, else the digests."""
+    prefill_tokens_per_ms: float | None = None
+    """A request's first token waits for its uncached prompt tokens at this rate, one prefill at a time per rank;
+    None: the first token comes on the next step."""
 
 
 @dataclass(slots=True)
@@ -177,6 +208,17 @@ class _Running:
     script: list[int] | None = None
     seed: int = 0
     prompt_logprobs_sent: bool = False
+    cacheable: bool = False
+    """The prefix cache is on and the request is a plain token prompt (feh_eligible: no extra keys to model)."""
+    digests: list[bytes] = field(default_factory=list)
+    """Block hashes of the request's full blocks known so far (prompt, then decode blocks as they fill)."""
+    block_ids: list[int] = field(default_factory=list)
+    """The cache blocks the request holds: its leading len(block_ids) full blocks are cached."""
+    prefill_stats: PrefillStats | None = None
+    """Set on admission with the prefix cache on; sent (and cleared) with the first output."""
+    prefill_start: float = 0.0
+    first_token_at: float = 0.0
+    """time.monotonic() from which the first token may be sent (--prefill-tokens-per-ms)."""
 
 
 @dataclass(slots=True)
@@ -191,10 +233,39 @@ def _tensor(dtype: str, shape: Sequence[int], fmt: str, values: Sequence[Any]) -
     return WireTensor(dtype, tuple(shape), struct.pack(f"<{len(values)}{fmt}", *values))
 
 
+def _skips_reading_cache(request: EngineCoreRequest) -> bool:
+    """vLLM's ``skip_reading_prefix_cache``: as sent, else what the engine's ``SamplingParams.__post_init__`` makes
+    of it while decoding (prompt logprobs need every prompt position computed)."""
+    sp = request.sampling_params
+    if sp is None:
+        return False
+    if sp.skip_reading_prefix_cache is not None:
+        return sp.skip_reading_prefix_cache
+    return sp.prompt_logprobs is not None or sp.prompt_logprob_token_ids is not None
+
+
+def _tokens(prompt: Sequence[int], output: list[int], start: int, end: int) -> list[int]:
+    """Tokens start..end of prompt + output, without copying the whole sequence."""
+    n = len(prompt)
+    if end <= n:
+        return list(prompt[start:end])
+    if start >= n:
+        return output[start - n : end - n]
+    return [*prompt[start:], *output[: end - n]]
+
+
 class MockEngineRank:
     """One engine rank: its handshake, sockets and step loop, on its own thread."""
 
-    def __init__(self, config: MockConfig, rank: int, ctx: zmq.Context, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        config: MockConfig,
+        rank: int,
+        ctx: zmq.Context,
+        stop: threading.Event,
+        kv_events: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`kv_events` is the resolved ``--kv-events-config`` (resolve_kv_events_config); its publisher binds here."""
         self.config = config
         self.rank = rank
         self.identity = protocol.engine_identity(rank)
@@ -211,12 +282,32 @@ class MockEngineRank:
         self.stall_until = 0.0
         self.inputs: list[zmq.Socket] = []
         self.outputs: list[zmq.Socket] = []
-        block = config.feh_block_size or config.block_size
-        self.hash_config = (
-            HashConfig.default(block)
-            if config.feh_none_hash is None
-            else HashConfig(HashConfig.default(block).algorithm, block, config.feh_none_hash)
+        if config.hash_seed is not None:
+            none_hash = seeded_none_hash(config.hash_seed)
+        else:
+            none_hash = config.feh_none_hash or default_none_hash()
+        self.hash_config = HashConfig(ALGORITHM, config.feh_block_size or config.block_size, none_hash)
+        """What FEH blobs are checked against (and advertised)."""
+        self.cache_hash_config = HashConfig(ALGORITHM, config.block_size, none_hash)
+        """The prefix cache's blocks: the engine's block size, the same none_hash."""
+        self.publisher = (
+            KVEventPublisher(ctx, kv_events, rank) if kv_events is not None and publishes(kv_events) else None
         )
+        self.cache = (
+            PrefixCache(
+                config.prefix_cache_blocks or config.num_gpu_blocks,
+                config.block_size,
+                events=self.publisher is not None,
+                int_hashes=config.kv_events_int_hashes,
+            )
+            if config.enable_prefix_caching
+            else None
+        )
+        self.prefill_clock = 0.0
+        """time.monotonic() when the rank's last queued prefill ends (--prefill-tokens-per-ms)."""
+        self.prefill_queue: deque[_Running] = deque()
+        """Requests waiting for their first token (--prefill-tokens-per-ms), in admission order, which is
+        first_token_at order: prefills run one after another."""
         self._arrivals = open(config.arrival_log, "a", buffering=1) if config.arrival_log else None  # noqa: SIM115
 
     # ------------------------------------------------------------------ handshake
@@ -245,7 +336,7 @@ class MockEngineRank:
             mamba_block_size=None,
             kv_cache_size_tokens=cfg.num_gpu_blocks * cfg.block_size,
             kv_cache_max_concurrency=float(cfg.num_gpu_blocks * cfg.block_size) / cfg.max_model_len,
-            kv_events_config=None,
+            kv_events_config=None if self.publisher is None else dict(self.publisher.config),
             weight_transfer_backend=None,
             enable_sleep_mode=False,
             supports_draft_weight_updates=False,
@@ -305,7 +396,9 @@ class MockEngineRank:
             assert isinstance(message, list)
             for request_id in message:
                 self.aborts_received += 1
-                self.running.pop(request_id, None)
+                state = self.running.pop(request_id, None)
+                if state is not None:
+                    self.release(state)
         # START_DP_WAVE: a dense engine has nothing to do.
 
     def handle_add(self, request: EngineCoreRequest) -> None:
@@ -323,10 +416,129 @@ class MockEngineRank:
             seed_source += f":{sp.seed}"
         seed = int.from_bytes(hashlib.blake2b(seed_source.encode(), digest_size=4).digest(), "little")
         script = self.scripts.pop(0) if self.scripts else None
-        self.running[request.request_id] = _Running(request, script=script, seed=seed)
+        state = _Running(request, script=script, seed=seed)
+        self.running[request.request_id] = state
+        self.admit(state)
         limit = self.config.die_after_requests
         if limit is not None and self.requests_received >= limit:
             self.die(self.config.die_mode)
+
+    def admit(self, state: _Running) -> None:
+        """A new request's prefix-cache lookup and store, its prefill_stats, and its place on the prefill clock.
+
+        As in vLLM: the hit is the longest run of leading prompt blocks in the cache, at most
+        (len(prompt) - 1) // block_size blocks (the last prompt token is always recomputed, for its logits);
+        the prompt's other full blocks are stored at once (vLLM caches blocks when it schedules their
+        computation); a request that skips reading the cache (prompt logprobs) still stores its blocks.
+        """
+        request = state.request
+        prompt = request.prompt_token_ids or []
+        cached = 0
+        if self.cache is not None:
+            state.cacheable = feh_eligible(request)
+            if state.cacheable:
+                block = self.config.block_size
+                state.digests = self.prompt_digests(request)
+                hit = (
+                    []
+                    if _skips_reading_cache(request)
+                    else self.cache.lookup(state.digests, max(0, len(prompt) - 1) // block, len(prompt))
+                )
+                first = len(hit)
+                cached = first * block
+                new = self.cache.store(
+                    state.digests[first:],
+                    prompt[cached : len(state.digests) * block],
+                    first,
+                    state.digests[first - 1] if first else None,
+                    request.cache_salt,
+                    request.session_id,
+                )
+                state.block_ids = hit + new
+            state.prefill_stats = PrefillStats(
+                num_prompt_tokens=len(prompt),
+                num_computed_tokens=len(prompt) - cached,
+                num_cached_tokens=cached,
+                num_local_cached_tokens=cached,
+            )
+        rate = self.config.prefill_tokens_per_ms
+        if rate:
+            state.prefill_start = max(time.monotonic(), self.prefill_clock)
+            state.first_token_at = self.prefill_clock = state.prefill_start + (len(prompt) - cached) / rate / 1000
+            self.prefill_queue.append(state)
+
+    def prompt_digests(self, request: EngineCoreRequest) -> list[bytes]:
+        """The prompt's block hashes for the prefix cache.
+
+        The front end's FEH blob when it fits the cache's block size (an FEH engine uses the hashes it is sent,
+        right or wrong: a test sees what a wrong blob does), else the feh1 recipe with the engine's none_hash.
+        """
+        prompt = request.prompt_token_ids or []
+        if request.prompt_block_hashes is not None:
+            with contextlib.suppress(ValueError):
+                return unpack_block_hashes(request.prompt_block_hashes, self.config.block_size, len(prompt))
+        return block_hashes(prompt, self.cache_hash_config, request.cache_salt)
+
+    def cache_decoded(self, state: _Running) -> None:
+        """Store the full blocks that this step completed in the KV cache.
+
+        vLLM caches a block once the KV of its last token is computed: the newest sampled token's KV is
+        computed by the next step, so it is left out (and the final token of a request is never cached).
+        """
+        if self.cache is None or not state.cacheable:
+            return
+        block = self.config.block_size
+        prompt = state.request.prompt_token_ids or []
+        full = (len(prompt) + len(state.output) - 1) // block
+        stored = len(state.block_ids)
+        if full <= stored:
+            return
+        known = len(state.digests)
+        if full > known:
+            state.digests += hash_chain(
+                tuple(_tokens(prompt, state.output, known * block, full * block)),
+                block,
+                state.digests[-1] if known else self.cache_hash_config.none_hash,
+                None if known else salt_extra_keys(state.request.cache_salt),
+            )
+        state.block_ids += self.cache.store(
+            state.digests[stored:full],
+            _tokens(prompt, state.output, stored * block, full * block),
+            stored,
+            state.digests[stored - 1] if stored else None,
+            state.request.cache_salt,
+            state.request.session_id,
+        )
+
+    def release(self, state: _Running) -> None:
+        """A request ended (finished or aborted): its cache blocks become evictable."""
+        if self.cache is not None and state.block_ids:
+            self.cache.release(state.block_ids)
+            state.block_ids = []
+
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        """vLLM's ``reset_prefix_cache(reset_running_requests)``: False while requests hold KV blocks.
+
+        With `reset_running_requests` vLLM preempts them first; here they keep running and cache their blocks
+        again from block 0 on their next step, as their recomputation would. The AllBlocksCleared event goes out
+        with the next step's batch, as in vLLM (whose engine only steps while it has requests).
+        """
+        if self.cache is None:
+            return True
+        if self.running and not reset_running_requests:
+            logger.warning("rank %d: prefix cache not reset: %d requests hold blocks", self.rank, len(self.running))
+            return False
+        for state in self.running.values():
+            state.block_ids = []
+        self.cache.reset()
+        return True
+
+    def publish_events(self) -> None:
+        """One EventBatch for the step's cache events, if it had any."""
+        if self.publisher is not None and self.cache is not None:
+            events = self.cache.take_events()
+            if events:
+                self.publisher.publish(events, time.time())
 
     def check_hashes(self, request: EngineCoreRequest) -> None:
         blob = request.prompt_block_hashes
@@ -368,6 +580,20 @@ class MockEngineRank:
             "hashes_mismatched": self.hash_counts.mismatched,
             "hashes_unexpected": self.hash_counts.unexpected,
             "feh_advertised": self.config.advertise_feh,
+            **self.cache_stats(),
+        }
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The prefix cache's counters (zeros without --enable-prefix-caching)."""
+        counters = self.cache.counters if self.cache is not None else None
+        return {
+            "prefix_caching": self.cache is not None,
+            "cache_queried_tokens": counters.queried_tokens if counters else 0,
+            "cache_hit_tokens": counters.hit_tokens if counters else 0,
+            "cache_blocks_stored": counters.blocks_stored if counters else 0,
+            "cache_blocks_evicted": counters.blocks_evicted if counters else 0,
+            "cache_blocks": len(self.cache) if self.cache is not None else 0,
+            "kv_event_batches": self.publisher.published if self.publisher is not None else 0,
         }
 
     def handle_utility(self, client_index: int, call_id: int, method: str, args: list[Any]) -> None:
@@ -377,7 +603,9 @@ class MockEngineRank:
             result = False
         elif method == "get_supported_tasks":
             result = ["generate"]
-        elif method in ("reset_prefix_cache", "wake_up"):
+        elif method == "reset_prefix_cache":
+            result = self.reset_prefix_cache(bool(args[0]) if args else False)
+        elif method == "wake_up":
             result = True
         elif method == "list_loras":
             result = []
@@ -419,11 +647,19 @@ class MockEngineRank:
         words = self.config.word_ids
         return words[(state.seed + position * 7919) % len(words)]
 
-    def step(self) -> None:
+    def step(self, decode: bool = True) -> None:
+        """One engine step: tokens for every running request whose first token is due.
+
+        `decode=False` only sends due first tokens: a prefill that ends between two step ticks
+        (--prefill-tokens-per-ms) gets its token then, while decoding requests keep the tick's pace.
+        """
         by_client: dict[int, list[EngineCoreOutput]] = {}
         done: list[str] = []
         cfg = self.config
+        began = time.monotonic()
         for request_id, state in self.running.items():
+            if state.first_token_at > began or (state.output and not decode):
+                continue
             request = state.request
             sp = request.sampling_params
             assert sp is not None
@@ -456,7 +692,10 @@ class MockEngineRank:
                     finish = protocol.FinishReason.LENGTH
                 if finish is not None:
                     break
+            self.cache_decoded(state)
             output = EngineCoreOutput(request_id, new, finish_reason=finish, stop_reason=stop_reason)
+            if state.prefill_stats is not None:
+                output.prefill_stats, state.prefill_stats = self.finalize_prefill_stats(state), None
             if sp.logprobs is not None:
                 output.new_logprobs = self.sample_logprobs(new, sp.logprobs, len(state.output) - len(new))
             if sp.prompt_logprobs is not None and not state.prompt_logprobs_sent:
@@ -468,16 +707,40 @@ class MockEngineRank:
             if finish is not None:
                 done.append(request_id)
         for request_id in done:
-            del self.running[request_id]
+            self.release(self.running.pop(request_id))
         self.finished += len(done)
+        # With a prefill clock, requests whose prefill has not started are the scheduler's waiting ones.
+        waiting = sum(s.prefill_start > began for s in self.running.values()) if cfg.prefill_tokens_per_ms else 0
         stats = SchedulerStats(
-            num_running_reqs=len(self.running),
-            num_waiting_reqs=0,
+            num_running_reqs=len(self.running) - waiting,
+            num_waiting_reqs=waiting,
             kv_cache_usage=min(1.0, len(self.running) / max(1, cfg.max_num_seqs)),
         )
+        self.publish_events()  # before the outputs go, as vLLM publishes in update_from_output
         now = time.monotonic()
         for client_index, outputs in by_client.items():
             self.send(client_index, EngineCoreOutputs(self.rank, outputs, stats, now))
+
+    def finalize_prefill_stats(self, state: _Running) -> PrefillStats:
+        """vLLM's ``PrefillStats.finalize``, at the first output: the prompt tokens this request wrote to the cache.
+
+        vLLM passes the request's cached tokens (its blocks' largest hashed length), here the blocks it holds.
+        """
+        stats = state.prefill_stats
+        assert stats is not None
+        held = len(state.block_ids) * self.config.block_size
+        stats.num_cache_creation_tokens = max(0, min(held, stats.num_prompt_tokens) - stats.num_cached_tokens)
+        return stats
+
+    def next_first_token(self) -> float | None:
+        """When the earliest waiting first token is due; entries of requests that ended or started are dropped."""
+        queue = self.prefill_queue
+        while queue:
+            state = queue[0]
+            if not state.output and self.running.get(state.request.request_id) is state:
+                return state.first_token_at
+            queue.popleft()
+        return None
 
     def _top(self, token: int, k: int) -> list[int]:
         words = self.config.word_ids
@@ -520,9 +783,18 @@ class MockEngineRank:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
-        self.handshake()
-        if not self.inputs:
-            return
+        try:
+            self.handshake()
+            if self.inputs:
+                self.serve()
+        finally:
+            for sock in self.inputs + self.outputs:
+                sock.close(0)
+            if self.publisher is not None:
+                self.publisher.shutdown()
+
+    def serve(self) -> None:
+        """The step loop: inputs as they come, a step every step interval while requests run."""
         poller = zmq.Poller()
         for sock in self.inputs:
             poller.register(sock, zmq.POLLIN)
@@ -535,6 +807,9 @@ class MockEngineRank:
                 next_step = time.monotonic() + interval
                 continue
             timeout_ms = int(max(0.0, (next_step - now) * 1000)) if self.running else 100  # as Poller.poll truncates
+            due = self.next_first_token()
+            if due is not None:
+                timeout_ms = min(timeout_ms, int(max(0.0, (due - now) * 1000)))
             was_idle = not self.running
             for sock, _ in poller.poll(timeout_ms):
                 while True:
@@ -552,8 +827,8 @@ class MockEngineRank:
             elif now >= next_step:
                 self.step()
                 next_step = max(next_step + interval, now)
-        for sock in self.inputs + self.outputs:
-            sock.close(0)
+            elif (due := self.next_first_token()) is not None and due <= now:
+                self.step(decode=False)
 
 
 class MockEngine:
@@ -562,7 +837,15 @@ class MockEngine:
     def __init__(self, config: MockConfig) -> None:
         self.stop_event = threading.Event()
         self.ctx = zmq.Context()
-        self.ranks = [MockEngineRank(config, rank, self.ctx, self.stop_event) for rank in config.ranks]
+        kv_events = _kv_events(config)
+        self.ranks: list[MockEngineRank] = []
+        try:
+            for rank in config.ranks:
+                self.ranks.append(MockEngineRank(config, rank, self.ctx, self.stop_event, kv_events))
+        except BaseException:  # a KV events port in use: close what the earlier ranks opened
+            self._shutdown_publishers()
+            self.ctx.term()
+            raise
         self.threads = [threading.Thread(target=r.run, name=f"mock-rank-{r.rank}", daemon=True) for r in self.ranks]
 
     def start(self) -> MockEngine:
@@ -587,7 +870,30 @@ class MockEngine:
         self.stop_event.set()
         for thread in self.threads:
             thread.join(5)
+        self._shutdown_publishers()  # the ranks' threads do it too; not if they never ran
         self.ctx.term()
+
+    def _shutdown_publishers(self) -> None:
+        for rank in self.ranks:
+            if rank.publisher is not None:
+                rank.publisher.shutdown()
+
+
+def _kv_events(config: MockConfig) -> dict[str, Any] | None:
+    """The resolved ``kv_events_config``, with the warnings vLLM's VllmConfig gives for odd combinations."""
+    if config.kv_events_config is None:
+        return None
+    resolved = resolve_kv_events_config(config.kv_events_config)
+    if resolved["enable_kv_cache_events"] and not config.enable_prefix_caching:
+        logger.warning(
+            "KV cache events are on, but prefix caching is not enabled. Use --enable-prefix-caching to enable."
+        )
+    if resolved["publisher"] != "null" and not resolved["enable_kv_cache_events"]:
+        logger.warning(
+            "KV cache events are disabled, but the scheduler is configured to publish them. "
+            "Modify KVEventsConfig.enable_kv_cache_events to True to enable."
+        )
+    return resolved
 
 
 def run_mock_engine(config: MockConfig, stop: threading.Event | None = None) -> None:
@@ -676,8 +982,39 @@ def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
         action="store_true",
         help="benchmarks: step at once when a request reaches an idle engine (default: on the step tick)",
     )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="simulate vLLM's prefix cache: cached tokens in prefill_stats, KV cache events with --kv-events-config",
+    )
+    p.add_argument("--prefix-cache-blocks", type=int, default=None, help="cache capacity in blocks (default 8192)")
+    p.add_argument(
+        "--hash-seed",
+        default=None,
+        help="the engine's PYTHONHASHSEED: none_hash = sha256(pickle(seed)) for the cache and the FEH advertisement",
+    )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        help='vLLM\'s flag, e.g. \'{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557"}\' (endpoints + rank)',
+    )
+    p.add_argument(
+        "--prefill-tokens-per-ms",
+        type=float,
+        default=None,
+        help="first token after uncached prompt tokens / RATE ms, one prefill at a time per rank",
+    )
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
+    if a.hash_seed is not None and a.feh_none_hash:
+        p.error("--hash-seed and --feh-none-hash both set the none_hash: give one")
+    kv_events = None
+    if a.kv_events_config is not None:
+        try:
+            kv_events = parse_config_flag(a.kv_events_config)
+            resolve_kv_events_config(kv_events)
+        except ValueError as exc:
+            p.error(str(exc))
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s mock-engine %(levelname)s %(message)s")
     if a.word_ids:
         words: Sequence[int] = [int(x) for x in a.word_ids.split(",")]
@@ -693,6 +1030,9 @@ def parse_args(argv: Sequence[str] | None = None) -> MockConfig:
         advertise_feh=a.advertise_feh, feh_block_size=a.feh_block_size, feh_none_hash=none_hash,
         verify_hashes=not a.no_verify_hashes, die_after_requests=a.die_after_requests, die_mode=a.die_mode,
         arrival_log=a.arrival_log, step_on_arrival=a.step_on_arrival,
+        enable_prefix_caching=a.enable_prefix_caching, prefix_cache_blocks=a.prefix_cache_blocks,
+        hash_seed=a.hash_seed, kv_events_config=kv_events, prefill_tokens_per_ms=a.prefill_tokens_per_ms,
+        kv_events_int_hashes=bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1"))),
         scripts=load_scripts(json.loads(Path(a.script_file).read_text()), a.tokenizer) if a.script_file else (),
     )  # fmt: skip
 

@@ -21,8 +21,11 @@ def default_none_hash() -> bytes:
     with a seed this process does not know.
     """
     seed = os.environ.get("PYTHONHASHSEED")
-    if seed is None:
-        seed = "vllm-none-hash"
+    return seeded_none_hash("vllm-none-hash" if seed is None else seed)
+
+
+def seeded_none_hash(seed: str) -> bytes:
+    """The none_hash of an engine whose PYTHONHASHSEED is `seed` (vLLM hashes the seed string itself)."""
     return hashlib.sha256(pickle.dumps(seed, protocol=5)).digest()
 
 
