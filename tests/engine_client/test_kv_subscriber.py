@@ -68,8 +68,8 @@ class Publisher:
             first = int.from_bytes(start, "big")
             for seq, payload in self.buffer:
                 if seq >= first:
-                    self.replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-            self.replay.send_multipart([client, b"", END_SEQ, b""])
+                    self.replay.send_multipart([client, b"", b"kv", seq.to_bytes(8, "big"), payload])
+            self.replay.send_multipart([client, b"", b"", END_SEQ, b""])  # vLLM 0.32's frames, topic included
 
     def restart(self) -> None:
         self.buffer.clear()
