@@ -24,6 +24,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports free on every interface a moment ago (vLLM offsets a KV events
+    endpoint's port by the DP rank, so rank r publishes on P + r)."""
+    for _ in range(100):
+        base = free_port()
+        sockets = []
+        try:
+            for offset in range(count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("", base + offset))
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+        return base
+    raise RuntimeError(f"no run of {count} free ports")
+
+
 OPT_IN_TIERS = {
     "real_engine": ("--real-engine", "run tests against a real vLLM engine"),
     "soak": ("--soak", "run the long soak tests"),

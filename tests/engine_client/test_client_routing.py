@@ -12,10 +12,12 @@ import time
 import pytest
 
 from pyfront.engine_client.client import EngineClient
+from pyfront.engine_client.prefix_index import digest_key
 from pyfront.engine_client.protocol import EngineCoreRequest, SamplingParams
 from pyfront.engine_client.routing import RoutingConfig
-from tests.conftest import free_port
-from tests.engine_client.test_engine_client import EOS, client_for, collect, mock_threads
+from pyfront.hashing import HashConfig, block_hashes
+from tests.conftest import free_port, free_port_run
+from tests.engine_client.test_engine_client import EOS, client_for, collect, mock_threads, wait_for
 
 BLOCK = 16
 
@@ -104,4 +106,73 @@ def test_load_routing_alternates_and_keeps_no_index() -> None:
             assert report.policy == "load" and all(e.mode == "off" for e in report.engines)
 
     with mock_threads(port, [0, 1], step_interval_s=0.002):
+        asyncio.run(main())
+
+
+def index_config(client: EngineClient) -> HashConfig:
+    assert client._index is not None
+    return client._index.hash_config
+
+
+def held_blocks(client: EngineClient, keys: list[int]) -> list[int]:
+    assert client._index is not None
+    return client._index.longest_prefixes(keys)
+
+
+def events_config(ranks: int) -> dict[str, object]:
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{free_port_run(ranks)}",
+        "replay_endpoint": f"tcp://*:{free_port_run(ranks)}",
+        "topic": "kv",
+    }
+
+
+@pytest.mark.parametrize(
+    ("feh", "hash_seed", "mode"),
+    [(False, None, "engine_hashes"), (True, None, "engine_hashes"), (False, "1234", "recomputed")],
+    ids=["verified", "feh", "other-seed"],
+)
+def test_events_routing_predicts_the_engines_cached_tokens(feh: bool, hash_seed: str | None, mode: str) -> None:
+    """Mock engines with a prefix cache publishing vLLM's KV events: every turn goes home, and the index predicts
+    exactly the num_cached_tokens the engine reports, whether its hashes are proven pyfront's (verified, or by
+    FEH) or recomputed from the events' token ids (another PYTHONHASHSEED on the engines)."""
+    port = free_port()
+    mock = {
+        "step_interval_s": 0.002,
+        "enable_prefix_caching": True,
+        "kv_events_config": events_config(2),
+        "advertise_feh": feh,
+        "hash_seed": hash_seed,
+    }
+
+    async def main() -> None:
+        async with client_for(port, 2, feh_enabled=feh, routing=RoutingConfig(load_weight=64)) as client:
+            convs = [conversation(seed, 5) for seed in range(4)]
+            homes: dict[int, set[int]] = {c: set() for c in range(4)}
+            for turn in range(5):
+                ranks = await asyncio.gather(*(send(client, f"c{c}-t{turn}", convs[c][turn]) for c in range(4)))
+                for c, rank in enumerate(ranks):
+                    homes[c].add(rank)
+                # Let the turn's events arrive (an agent's think time): the home engines hold every full block.
+                for c, rank in enumerate(ranks):
+                    keys = [digest_key(d) for d in block_hashes(convs[c][turn], index_config(client))]
+                    await wait_for(
+                        lambda k=keys, r=rank: held_blocks(client, k)[r] == len(k), f"conversation {c}'s blocks"
+                    )
+            assert all(len(h) == 1 for h in homes.values()), homes
+            health = client.health()
+            for engine in health["engines"]:
+                routing = engine["routing"]
+                assert routing["mode"] == mode, routing
+                assert routing["kv_events"]["batches"] > 0 and routing["kv_events"]["undecodable"] == 0
+                assert routing["blocks"] > 0
+            stats = client.routing_stats
+            assert stats.predictions == 20
+            assert stats.reported_tokens > 0
+            assert stats.exact_predictions == stats.predictions, (stats.predicted_tokens, stats.reported_tokens)
+            assert stats.decisions.get(("cache", "events"), 0) == 16  # turns 1-4 of each conversation
+
+    with mock_threads(port, [0, 1], **mock):
         asyncio.run(main())
