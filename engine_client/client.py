@@ -51,22 +51,25 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from pyfront.engine_client import codec
-from pyfront.engine_client.balancer import LoadBalancer
 from pyfront.engine_client.handshake import (
     ClientAddresses,
     HandshakeError,
     HandshakeServer,
     identity_rank,
 )
+from pyfront.engine_client.kv_events import KVEventsEndpoints, resolve_endpoints
+from pyfront.engine_client.kv_subscriber import KVEventSubscriber, initial_mode
 from pyfront.engine_client.negotiation import Negotiation, feh_eligible, feh_enabled_by_env, negotiate
+from pyfront.engine_client.prefix_index import APPROXIMATE, EVENT_MODES, PrefixIndex, prompt_keys
 from pyfront.engine_client.protocol import (
     EngineCoreOutput,
     EngineCoreReadyResponse,
     EngineCoreRequest,
     engine_identity,
 )
+from pyfront.engine_client.routing import EngineRouting, Prediction, Router, RoutingConfig, RoutingReport, RoutingStats
 from pyfront.engine_client.validation import validate_request
-from pyfront.hashing import PromptHasher
+from pyfront.hashing import HashConfig, PromptHasher
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,8 @@ OUTPUT_BATCH_MESSAGES = 64
 """At most this many output messages are routed before the output loop yields to the event loop."""
 OUTPUT_BATCH_SECONDS = 0.004
 """... or for at most this long (a message routed to many streams costs more than one routed to one)."""
+INLINE_LOOKUP_BLOCKS = 512
+"""Prompts of more blocks are looked up in the prefix index on a worker thread (the walk grows with the prompt)."""
 REGISTRATION_POLL_S = 0.5
 """The input ROUTER's events are checked at least this often for registrations of restarted engines.
 
@@ -123,6 +128,11 @@ class EngineClientConfig:
     feh_enabled: bool | None = None
     """None: read VLLM_NATIVE_FEH."""
     hash_threads: int = 2
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    kv_events_config: dict[str, Any] | None = None
+    """vLLM's ``--kv-events-config`` value (offset per rank here); None: each engine's registration says."""
+    kv_events_hosts: Sequence[str] = ()
+    """Where engines that bind a wildcard endpoint are reached (one host, or one per rank); default 127.0.0.1."""
 
 
 @dataclass(slots=True, eq=False)
@@ -164,12 +174,14 @@ class RequestStream:
     consumer that falls behind drains several outputs in one go (`drain()`).
     """
 
-    __slots__ = ("_buffer", "_error", "_listener", "_waiter", "finished", "rank", "request_id")
+    __slots__ = ("_buffer", "_error", "_listener", "_waiter", "finished", "prediction", "rank", "request_id")
 
     def __init__(self, request_id: str, rank: int) -> None:
         self.request_id = request_id
         self.rank = rank
         self.finished = False
+        self.prediction: Prediction | None = None
+        """What routing expected of the first output (checked against the engine's num_cached_tokens, then None)."""
         self._buffer: deque[EngineCoreOutput] = deque()
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -305,7 +317,13 @@ class EngineClient:
         self._owner: dict[str, EngineState] = {}
         self._utility_calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count(1)
-        self._balancer = LoadBalancer(config.client_index, config.client_count)
+        self._router = Router(config.routing, config.client_index, config.client_count)
+        self.routing_stats = RoutingStats()
+        self._index: PrefixIndex | None = None
+        self._subscriber: KVEventSubscriber | None = None
+        self._routing_hasher: PromptHasher | None = None
+        """Hashes prompts for routing when FEH is off or hashes at another block size; None: reuse FEH's blob."""
+        self._routing_reason = "not started"
         self._tasks: list[asyncio.Task[None]] = []
         self._probe_wanted = asyncio.Event()
         self._sentinel_seen = False
@@ -388,6 +406,7 @@ class EngineClient:
         logger.info("front-end block hashing: %s", self.negotiation.reason)
         if self.negotiation.config is not None:
             self.hasher = PromptHasher(self.negotiation.config, max_threads=cfg.hash_threads)
+        self._start_routing()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._output_loop(), name="pyfront-engine-outputs"),
@@ -451,6 +470,8 @@ class EngineClient:
                 sock.close(linger=0)
         if self._handshake is not None:
             self._handshake.close()
+        if self._subscriber is not None:
+            self._subscriber.close()
         self.ctx.term()
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
@@ -476,11 +497,184 @@ class EngineClient:
                     "running": e.num_running,
                     "kv_cache_usage": e.kv_cache_usage,
                     "restarts": e.restarts,
+                    "routing": self._engine_routing_health(e.rank),
                 }
                 for e in self.engines
             ],
             "front_end_block_hashing": self.negotiation.reason,
+            "routing": {"policy": self.config.routing.policy, "state": self._routing_reason},
         }
+
+    def _engine_routing_health(self, rank: int) -> dict[str, Any]:
+        """One engine's prefix index: how it is keyed and why, its size, and its event feed."""
+        if self._index is None:
+            return {"mode": "off", "reason": self._routing_reason}
+        status = self._index.status(rank)
+        report: dict[str, Any] = {
+            "mode": status.mode,
+            "approximate": status.mode == APPROXIMATE,
+            "reason": status.reason,
+            "blocks": status.blocks,
+            "blocks_stored": status.stored,
+            "blocks_removed": status.removed,
+            "blocks_skipped": status.skipped,
+            "clears": status.clears,
+        }
+        source = self._subscriber.status(rank) if self._subscriber is not None else None
+        if source is not None:
+            report["kv_events"] = {
+                "endpoint": source.endpoint,
+                "subscriber_binds": source.subscriber_binds,
+                "replay_endpoint": source.replay_endpoint,
+                "batches": source.batches,
+                "gaps": source.gaps,
+                "replayed": source.replayed,
+                "undecodable": source.undecodable,
+                "silent": source.silent,
+                "last_batch_age_s": source.last_batch_age_s,
+                "last_error": source.last_error,
+            }
+        return report
+
+    # ------------------------------------------------------------------ routing
+
+    def routing_report(self) -> RoutingReport:
+        """The routing metrics: decisions, prediction accuracy, each healthy engine's load and index mode."""
+        index = self._index
+        engines = tuple(
+            EngineRouting(
+                e.rank,
+                index.mode(e.rank) if index is not None else "off",
+                self._router.score(e),
+                index.status(e.rank).blocks if index is not None else 0,
+            )
+            for e in self.engines
+            if e.healthy
+        )
+        return RoutingReport(self.config.routing.policy, self.routing_stats, engines)
+
+    def _start_routing(self) -> None:
+        """Build the prefix index and subscribe to every engine's KV events (or fall back to approximate)."""
+        cfg = self.config
+        if not cfg.routing.cache_aware:
+            self._routing_reason = "--routing load: load alone, as vLLM's front end"
+            return
+        sizes = {e.registration.block_size for e in self.engines}
+        if len(sizes) != 1:
+            self._routing_reason = f"engines report different block sizes {sorted(sizes)}: routing on load alone"
+            logger.warning("cache-aware routing is off: %s", self._routing_reason)
+            return
+        block_size = sizes.pop()
+        if self.hasher is not None and self.hasher.config.block_size == block_size:
+            hash_config = self.hasher.config
+        else:
+            hash_config = HashConfig.default(block_size)
+            self._routing_hasher = PromptHasher(hash_config, max_threads=cfg.hash_threads)
+        self._index = PrefixIndex(len(self.engines), hash_config, max_blocks=cfg.routing.index_max_blocks)
+        self._subscriber = KVEventSubscriber(self._index, silence_timeout_s=cfg.routing.silence_timeout_s)
+        for engine in self.engines:
+            self._subscribe(engine)
+        self._subscriber.start()
+        self._routing_reason = f"cache-aware on {block_size}-token blocks ({hash_config.describe()})"
+        logger.info("routing: %s", self._routing_reason)
+
+    def _kv_events_endpoints(self, engine: EngineState) -> tuple[KVEventsEndpoints | None, str]:
+        cfg = self.config
+        hosts = list(cfg.kv_events_hosts)
+        host = hosts[engine.rank] if len(hosts) > 1 else (hosts[0] if hosts else "127.0.0.1")
+        config: dict[str, Any] | None
+        if cfg.kv_events_config is not None:
+            config, offset, origin = cfg.kv_events_config, True, "--kv-events-config"
+        else:
+            config, offset, origin = engine.registration.kv_events_config, False, "the engine's registration"
+        try:
+            endpoints = resolve_endpoints(config, engine.rank, host, offset=offset)
+        except (ValueError, TypeError) as exc:
+            return None, f"{origin} gives no usable KV events endpoint: {exc}"
+        if endpoints is None:
+            return None, (
+                "no KV events (neither --kv-events-config nor the engine's registration names a zmq publisher): "
+                "approximate, from where pyfront sent each prompt"
+            )
+        if endpoints.subscriber_binds and cfg.client_count > 1 and cfg.client_index != 0:
+            return None, (
+                f"the engine connects to {endpoints.endpoint}, which API server 0 binds: this one is approximate "
+                "(give the engines a tcp://*:PORT endpoint so that every API server can subscribe)"
+            )
+        return endpoints, origin
+
+    def _subscribe(self, engine: EngineState) -> None:
+        """(Re)start `engine`'s index: subscribed to its events, or approximate with the reason."""
+        assert self._index is not None and self._subscriber is not None
+        endpoints, why = self._kv_events_endpoints(engine)
+        if endpoints is None:
+            self._index.set_mode(engine.rank, APPROXIMATE, why)
+            logger.warning("routing for engine rank %d is approximate: %s", engine.rank, why)
+            return
+        mode, reason = initial_mode(self._routing_hasher is None)
+        try:
+            self._subscriber.add(engine.rank, endpoints, mode, f"{reason} (events from {why})")
+        except zmq.ZMQError as exc:
+            why = f"cannot subscribe to {endpoints.endpoint}: {exc}; approximate"
+            self._index.set_mode(engine.rank, APPROXIMATE, why)
+            logger.error("routing for engine rank %d: %s", engine.rank, why)
+
+    async def _route(self, request: EngineCoreRequest) -> tuple[EngineState, Prediction | None, list[int]]:
+        """The engine for an unpinned request, what it should report cached, and the prompt's block keys."""
+        index = self._index
+        prompt = request.prompt_token_ids
+        keys: list[int] = []
+        prefixes: list[int] | None = None
+        if index is not None and prompt is not None and len(prompt) >= index.block_size and feh_eligible(request):
+            if self._routing_hasher is None:
+                blob = request.prompt_block_hashes
+            else:
+                blob = await self._routing_hasher.hash_prompt(prompt, request.cache_salt, checked=True)
+            keys = prompt_keys(blob)
+            if len(keys) <= INLINE_LOOKUP_BLOCKS:
+                prefixes = index.longest_prefixes(keys)
+            else:
+                prefixes = await asyncio.to_thread(index.longest_prefixes, keys)
+        num_tokens = len(prompt) if prompt is not None else 0
+        decision = self._router.pick(self.engines, num_tokens, prefixes, index.block_size if index else 1)
+        if decision is None:
+            raise EngineUnavailableError("no healthy engine")
+        engine = decision.engine
+        if index is None or not keys:
+            self.routing_stats.decided(decision.reason, "none")
+            return engine, None, keys
+        source = "approximate" if index.mode(engine.rank) == APPROXIMATE else "events"
+        self.routing_stats.decided(decision.reason, source)
+        stored_from = len(keys) * index.block_size
+        return engine, Prediction(engine.rank, decision.cached_tokens, stored_from, source), keys
+
+    async def _record_sent(self, rank: int, keys: list[int]) -> None:
+        """Approximate index: the prompt's blocks are now (about to be) on `rank`."""
+        index = self._index
+        if index is None or not keys or index.mode(rank) != APPROXIMATE:
+            return
+        if len(keys) <= INLINE_LOOKUP_BLOCKS:
+            index.record_sent(rank, keys)
+        else:
+            await asyncio.to_thread(index.record_sent, rank, keys)
+
+    def _check_prediction(self, stream: RequestStream, output: EngineCoreOutput) -> None:
+        """The first output of a routed request: compare the prediction with the engine's num_cached_tokens."""
+        prediction = stream.prediction
+        stream.prediction = None
+        stats = output.prefill_stats
+        if prediction is None or stats is None:
+            return
+        reported = stats.num_cached_tokens
+        self.routing_stats.checked(prediction.cached_tokens, reported)
+        subscriber = self._subscriber
+        if (
+            subscriber is not None
+            and reported < prediction.stored_from_tokens
+            and self._index is not None
+            and self._index.mode(prediction.rank) in EVENT_MODES
+        ):
+            subscriber.expect_events(prediction.rank)
 
     @property
     def num_in_flight(self) -> int:
@@ -540,21 +734,24 @@ class EngineClient:
             request.prompt_block_hashes = None
         if rank is None:
             rank = request.data_parallel_rank
+        prediction: Prediction | None = None
+        keys: list[int] = []
         if rank is not None:
             if not 0 <= rank < len(self.engines):
-                raise ValueError(f"data_parallel_rank {rank} is out of range (0..{len(self.engines) - 1})")
+                raise ValueError(f"data_parallel_rank {rank} is out of range [0, {len(self.engines)})")
             engine = self.engines[rank]
             if not engine.healthy:
                 raise EngineUnavailableError(f"engine rank {rank} is {engine.status}")
+            self.routing_stats.decided("explicit", "none")
         else:
-            picked = self._balancer.pick(self.engines)
-            if picked is None:
-                raise EngineUnavailableError("no healthy engine")
-            engine = picked
+            engine, prediction, keys = await self._route(request)
         if request.request_id in self._streams:  # re-check: hashing awaited
             raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight")
+        if not engine.healthy:  # it may have died while the prompt was hashed or looked up
+            raise EngineUnavailableError(f"engine rank {engine.rank} is {engine.status}")
         frames = codec.encode_add(request, block_hashes=request.prompt_block_hashes is not None)
         stream = RequestStream(request.request_id, engine.rank)
+        stream.prediction = prediction
         self._streams[request.request_id] = stream
         self._owner[request.request_id] = engine
         engine.in_flight.add(request.request_id)
@@ -564,6 +761,8 @@ class EngineClient:
             self._forget(request.request_id)
             raise
         engine.requests_sent += 1
+        if keys:
+            await self._record_sent(engine.rank, keys)
         return stream
 
     def _forget(self, request_id: str) -> RequestStream | None:
@@ -676,6 +875,8 @@ class EngineClient:
             stream = streams.get(output.request_id)
             if stream is None:
                 continue  # aborted here already: drop silently
+            if stream.prediction is not None:
+                self._check_prediction(stream, output)
             stream.push(output)
             if output.finish_reason is not None:
                 self._forget(output.request_id)
@@ -748,6 +949,8 @@ class EngineClient:
             len(stale),
         )
         self._renegotiate(rank)
+        if self._index is not None:
+            self._subscribe(self.engines[rank])
         max_model_len = min(e.registration.max_model_len for e in self.engines)
         if max_model_len != self.max_model_len:
             logger.warning(
@@ -771,6 +974,12 @@ class EngineClient:
         self.negotiation = Negotiation(None, f"turned off after engine rank {rank} restarted: {outcome.reason}")
         self.hasher = None
         logger.warning("front-end block hashing: %s", self.negotiation.reason)
+        if self._index is not None and self._routing_hasher is None:
+            # Routing reused FEH's hashes and trusted the engines' as equal by construction: hash for routing
+            # from now on, and verify every engine's hashes again.
+            self._routing_hasher = PromptHasher(self._index.hash_config, max_threads=self.config.hash_threads)
+            for engine in self.engines:
+                self._subscribe(engine)
 
     def _is_current(self, engine: EngineState) -> bool:
         """False for the state of an engine process that a restart replaced."""
@@ -786,6 +995,8 @@ class EngineClient:
         engine.status = status
         if status == "disconnected":
             engine.connected = False
+            if self._index is not None:
+                self._index.clear(engine.rank, "the engine process is gone")
         failed = sorted(engine.in_flight)
         logger.error(
             "engine rank %d is %s (%s); failing %d in-flight request(s)",

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pyfront.engine_client.client import RequestStream
 from pyfront.engine_client.protocol import EngineCoreRequest
+from pyfront.engine_client.routing import RoutingReport
 from pyfront.hashing import PromptHasher
 
 __all__ = ["Engine", "EngineLoad"]
@@ -64,6 +65,10 @@ class Engine(Protocol):
 
     def health(self) -> dict[str, Any]:
         """The ``/health`` report: ``healthy``, ``degraded_ranks`` (out of service), per-engine status, FEH's state."""
+        ...
+
+    def routing_report(self) -> RoutingReport | None:
+        """Routing decisions, prediction accuracy and engine loads for ``/metrics`` (None: no routing to report)."""
         ...
 
     async def add_request(

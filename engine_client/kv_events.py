@@ -171,9 +171,7 @@ def _bindable(endpoint: str) -> str:
     return endpoint
 
 
-def resolve_endpoints(
-    config: dict[str, Any] | None, rank: int, host: str, *, offset: bool
-) -> KVEventsEndpoints | None:
+def resolve_endpoints(config: dict[str, Any] | None, rank: int, host: str, *, offset: bool) -> KVEventsEndpoints | None:
     """The subscriber's view of one rank's publisher, from a ``kv_events_config`` map.
 
     ``config`` is either the engine's registration (endpoints already offset for its rank: ``offset=False``)

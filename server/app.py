@@ -103,6 +103,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         config.model_names[0],
         lambda: state.engine.hasher.memo.stats if state.engine and state.engine.hasher else None,
         lambda: tokenizer.segments.stats,
+        lambda: state.engine.routing_report() if state.engine else None,
     )
 
     @contextlib.asynccontextmanager

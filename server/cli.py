@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 
+from pyfront.engine_client.kv_events import parse_config_flag
+from pyfront.engine_client.routing import ROUTING_POLICIES
 from pyfront.server.config import ServerConfig, resolve_api_keys, tokenizer_problem
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, QWEN3, bundled_spec
 
@@ -71,6 +73,17 @@ positive_int = _bounded(int, 1)
 non_negative_int = _bounded(int, 0)
 positive_seconds = _bounded(float, 0, above=True)
 non_negative_seconds = _bounded(float, 0)
+non_negative_float = _bounded(float, 0)
+at_least_one = _bounded(float, 1)
+
+
+def kv_events_config(value: str) -> str:
+    """`--kv-events-config`: vLLM's JSON object, checked here so a typo is a usage error, kept as given."""
+    try:
+        parse_config_flag(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def _free_port() -> int:
@@ -190,6 +203,61 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_seconds,
         default=30.0,
         help="an engine silent this long (and not answering pings) is taken out of service",
+    )
+    routing = serve.add_argument_group("data-parallel routing (engine_client/routing.py)")
+    routing.add_argument(
+        "--routing",
+        choices=ROUTING_POLICIES,
+        default="cache",
+        help="cache: to the engine that holds the longest prefix of the prompt (from the engines' KV events, "
+        "else approximate from where pyfront sent each prompt), within the imbalance cap; load: load alone, "
+        "as vLLM's front end",
+    )
+    routing.add_argument(
+        "--routing-load-weight",
+        type=non_negative_float,
+        default=512.0,
+        help="prompt tokens one unit of an engine's DP load score (in-flight, waiting + running) is worth",
+    )
+    routing.add_argument(
+        "--routing-max-imbalance",
+        type=at_least_one,
+        default=1.25,
+        help="an engine competes only while its load is at most this times the least loaded one's "
+        "(or the slack above it)",
+    )
+    routing.add_argument(
+        "--routing-imbalance-slack",
+        type=non_negative_float,
+        default=2.0,
+        help="... or at most this much above the least loaded one's load",
+    )
+    routing.add_argument(
+        "--routing-index-max-blocks",
+        type=positive_int,
+        default=1 << 18,
+        help="blocks remembered per engine in the prefix index (~90 bytes each; the oldest go first)",
+    )
+    routing.add_argument(
+        "--kv-events-config",
+        type=kv_events_config,
+        default=None,
+        help="the --kv-events-config JSON the engines were started with (ports are offset per DP rank as vLLM "
+        "does); default: the endpoints each engine reports when it registers",
+    )
+    routing.add_argument(
+        "--kv-events-hosts",
+        type=lambda value: [h for h in value.split(",") if h],
+        default=[],
+        help="host of the engines that publish KV events on a wildcard endpoint (tcp://*:PORT): one, or one per "
+        "rank, comma-separated (default 127.0.0.1)",
+    )
+    routing.add_argument(
+        "--kv-events-silence-timeout",
+        type=positive_seconds,
+        default=10.0,
+        help="an engine that stored new blocks but published no KV event for this long is routed approximately "
+        "until its events resume",
     )
     serve.add_argument(
         "--disable-uvicorn-access-log",
@@ -394,6 +462,14 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         engine_startup_timeout=args.engine_startup_timeout,
         engine_ping_interval=args.engine_ping_interval,
         engine_stall_timeout=args.engine_stall_timeout,
+        routing=args.routing,
+        routing_load_weight=args.routing_load_weight,
+        routing_max_imbalance=args.routing_max_imbalance,
+        routing_imbalance_slack=args.routing_imbalance_slack,
+        routing_index_max_blocks=args.routing_index_max_blocks,
+        kv_events_config=args.kv_events_config,
+        kv_events_hosts=args.kv_events_hosts,
+        kv_events_silence_timeout=args.kv_events_silence_timeout,
         max_num_seqs_in_flight=args.max_num_seqs_in_flight,
         request_timeout=args.request_timeout,
         sse_keep_alive_interval=args.sse_keep_alive_interval,

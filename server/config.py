@@ -93,6 +93,17 @@ class ServerConfig:
     engine_startup_timeout: float = 600.0
     engine_ping_interval: float = 2.0
     engine_stall_timeout: float = 30.0
+    routing: str = "cache"
+    """Data-parallel routing: "cache" (prefix-cache aware, engine_client/routing.py) or "load" (load alone)."""
+    routing_load_weight: float = 512.0
+    routing_max_imbalance: float = 1.25
+    routing_imbalance_slack: float = 2.0
+    routing_index_max_blocks: int = 1 << 18
+    kv_events_config: str | None = None
+    """vLLM's --kv-events-config JSON, as the engines were given it; None: the endpoints the engines register."""
+    kv_events_hosts: list[str] = field(default_factory=list)
+    """Hosts of engines that publish on a wildcard endpoint (one, or one per rank); default 127.0.0.1."""
+    kv_events_silence_timeout: float = 10.0
     max_num_seqs_in_flight: int = 4096
     """Engine requests (choices) admitted at once by this process; beyond it, 503 with Retry-After. 0: no limit."""
     request_timeout: float = 0.0

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from pyfront.engine_client.routing import RoutingReport
 from pyfront.hashing import MemoStats
 
 _LATENCY_BUCKETS = (
@@ -120,12 +121,89 @@ class _SegmentCollector(Collector):
             yield family
 
 
+class _RoutingCollector(Collector):
+    """Routing decisions, how well the prefix index predicted the engines' cache hits, and engine loads.
+
+    Read at scrape time from the engine client (`EngineClient.routing_report`): the counters live there,
+    updated once per request on the event loop.
+    """
+
+    def __init__(self, report: Callable[[], RoutingReport | None], model: str) -> None:
+        self._report = report
+        self._model = model
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        report = self._report()
+        if report is None:
+            return
+        model = self._model
+        stats = report.stats
+        decisions = CounterMetricFamily(
+            "pyfront:routing_decisions",
+            "Requests routed to an engine, by reason (cache, capped, load, explicit) and by where the chosen "
+            "engine's prefix knowledge came from (events, approximate, none)",
+            labels=["model_name", "reason", "source"],
+        )
+        for (reason, source), count in sorted(stats.decisions.items()):
+            decisions.add_metric([model, reason, source], count)
+        yield decisions
+        for name, doc, value in (
+            (
+                "pyfront:routing_predicted_cached_tokens",
+                "Prompt tokens routing predicted cached",
+                stats.predicted_tokens,
+            ),
+            (
+                "pyfront:routing_reported_cached_tokens",
+                "Prompt tokens the engines reported cached (num_cached_tokens) for the same requests",
+                stats.reported_tokens,
+            ),
+            (
+                "pyfront:routing_prediction_error_tokens",
+                "Sum of |reported - predicted| cached prompt tokens",
+                stats.abs_error_tokens,
+            ),
+            ("pyfront:routing_predictions", "Routed requests whose prediction was checked", stats.predictions),
+            ("pyfront:routing_exact_predictions", "... of which the prediction was exact", stats.exact_predictions),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            yield family
+        spread = GaugeMetricFamily(
+            "pyfront:routing_load_spread",
+            "The most loaded healthy engine's DP load score over the mean (1: even)",
+            labels=["model_name"],
+        )
+        spread.add_metric([model], report.load_spread)
+        yield spread
+        load = GaugeMetricFamily(
+            "pyfront:routing_engine_load", "Each engine's DP load score", labels=["model_name", "engine"]
+        )
+        blocks = GaugeMetricFamily(
+            "pyfront:routing_index_blocks", "Blocks the prefix index holds per engine", labels=["model_name", "engine"]
+        )
+        mode = GaugeMetricFamily(
+            "pyfront:routing_index_mode",
+            "1 for each engine's prefix-index mode (engine_hashes, verifying, recomputed, approximate, off)",
+            labels=["model_name", "engine", "mode"],
+        )
+        for engine in report.engines:
+            rank = str(engine.rank)
+            load.add_metric([model, rank], engine.load)
+            blocks.add_metric([model, rank], engine.blocks)
+            mode.add_metric([model, rank, engine.mode], 1)
+        yield load
+        yield blocks
+        yield mode
+
+
 class Metrics:
     def __init__(
         self,
         model_name: str,
         memo_stats: Callable[[], MemoStats | None],
         segment_stats: Callable[[], Any] | None = None,
+        routing_report: Callable[[], RoutingReport | None] | None = None,
     ) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
@@ -183,6 +261,8 @@ class Metrics:
             r.register(_MemoCollector(memo_stats, model_name))
             if segment_stats is not None:
                 r.register(_SegmentCollector(segment_stats, model_name))
+            if routing_report is not None:
+                r.register(_RoutingCollector(routing_report, model_name))
         self._memo_stats = memo_stats
 
     def publish_memo(self) -> None:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 
 from pyfront.engine_client.client import EngineClient, EngineClientConfig
+from pyfront.engine_client.kv_events import parse_config_flag
+from pyfront.engine_client.routing import RoutingConfig
 from pyfront.server.config import ServerConfig
 from pyfront.server.state import ServingState
 
@@ -90,6 +92,18 @@ async def start_engine(state: ServingState, config: ServerConfig) -> None:
                 startup_timeout_s=config.engine_startup_timeout,
                 ping_interval_s=config.engine_ping_interval,
                 stall_timeout_s=config.engine_stall_timeout,
+                routing=RoutingConfig(
+                    policy=config.routing,
+                    load_weight=config.routing_load_weight,
+                    max_imbalance=config.routing_max_imbalance,
+                    imbalance_slack=config.routing_imbalance_slack,
+                    index_max_blocks=config.routing_index_max_blocks,
+                    silence_timeout_s=config.kv_events_silence_timeout,
+                ),
+                kv_events_config=(
+                    parse_config_flag(config.kv_events_config) if config.kv_events_config is not None else None
+                ),
+                kv_events_hosts=config.kv_events_hosts,
             )
         )
         logger.info("%d engine(s) admitted; max_model_len %d", config.data_parallel_size, state.engine.max_model_len)

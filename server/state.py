@@ -106,6 +106,25 @@ class ServingState:
             timeout = asked if timeout is None else min(asked, timeout)
         return None if timeout is None else time.monotonic() + timeout
 
+    def data_parallel_rank(self, header: str | None) -> int | None:
+        """X-data-parallel-rank: the engine the request must go to, as vLLM's front end reads it.
+
+        A value that is not an int is ignored (vLLM's ``_get_data_parallel_rank``); one outside the engines'
+        ranks is a 400 with vLLM's message (its input processor's check).
+        """
+        if header is None:
+            return None
+        try:
+            rank = int(header)
+        except ValueError:
+            return None
+        count = len(self.require_engine().engines)
+        if not 0 <= rank < count:
+            raise APIError(
+                400, f"data_parallel_rank {rank} is out of range [0, {count}).", param="X-data-parallel-rank"
+            )
+        return rank
+
     def check_model(self, model: str | None) -> str:
         if model is None or model == "":
             return self.model_names[0]

@@ -158,13 +158,19 @@ class FakeEngine:
                     "running": e.num_running,
                     "kv_cache_usage": 0.0,
                     "restarts": 0,
+                    "routing": {"mode": "off", "reason": "fake engine: one engine, nothing to route"},
                 }
                 for e in self.engines
             ],
             "front_end_block_hashing": "fake engine: prompts are hashed by pyfront"
             if self.hasher is not None
             else "fake engine: prompts are sent unhashed",
+            "routing": {"policy": "load", "state": "fake engine: one engine, nothing to route"},
         }
+
+    def routing_report(self) -> None:
+        """One in-process engine: nothing to route, no routing metrics."""
+        return None
 
     async def add_request(
         self,

@@ -36,16 +36,19 @@ async def read_body(receive: Receive) -> bytes | None:
 class RequestHeaders:
     """The request headers the completion handlers read, found in one pass over the raw ASGI list."""
 
-    __slots__ = ("request_id", "timeout")
+    __slots__ = ("data_parallel_rank", "request_id", "timeout")
 
     def __init__(self, scope: Scope) -> None:
         self.request_id: str | None = None
         self.timeout: str | None = None
+        self.data_parallel_rank: str | None = None
         for name, value in scope["headers"]:
             if name == b"x-request-id":
                 self.request_id = value.decode("latin-1")
             elif name == b"x-request-timeout":
                 self.timeout = value.decode("latin-1")
+            elif name == b"x-data-parallel-rank":
+                self.data_parallel_rank = value.decode("latin-1")
 
 
 _LOGGED_PARAMS = ("stream", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")

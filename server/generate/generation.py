@@ -123,8 +123,11 @@ class Generation:
         deadline: float | None = None,
         keepalive: float | None = None,
         prompt_block_hashes: bytes | None = None,
+        data_parallel_rank: int | None = None,
     ) -> None:
         self.state = state
+        self.data_parallel_rank = data_parallel_rank
+        """X-data-parallel-rank: every choice goes to this engine; None: the router picks."""
         self.prompt_block_hashes = prompt_block_hashes
         """Block hashes computed with the prompt (render_chat), or None: the engine client hashes."""
         self.deadline = deadline
@@ -166,7 +169,7 @@ class Generation:
                     self.arrival,
                     None,
                     self.cache_salt,
-                    None,
+                    self.data_parallel_rank,
                     priority=self.priority,
                     external_req_id=self.external_id,
                     reasoning_ended=plan.reasoning_ended if plan is not None else None,
@@ -359,6 +362,7 @@ async def prepare(
     deadline: float | None = None,
     plan: OutputPlan | None = None,
     prompt_block_hashes: bytes | None = None,
+    data_parallel_rank: int | None = None,
 ) -> Generation:
     check_prompt_len(state, len(prompt_ids))
     tok = state.tokenizer
@@ -390,6 +394,7 @@ async def prepare(
         deadline=deadline,
         keepalive=state.sse_keepalive_s if streaming else None,
         prompt_block_hashes=prompt_block_hashes,
+        data_parallel_rank=data_parallel_rank,
     )
     if plan is not None and plan.parser is not None:
         for choice in generation.choices:

@@ -32,6 +32,7 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
     model = state.check_model(body.model)
     state.require_engine()
     deadline = state.deadline(headers.timeout)
+    rank = state.data_parallel_rank(headers.data_parallel_rank)
     admission: Admission | None  # None once a stream owns it
     admission = state.admit(body.n or 1)
     try:
@@ -50,6 +51,7 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
             deadline=deadline,
             plan=plan,
             prompt_block_hashes=hashes,
+            data_parallel_rank=rank,
         )
         response_headers = id_headers(config, base)
         if body.stream:

@@ -27,6 +27,7 @@ async def completion_response(
     model = state.check_model(body.model)
     state.require_engine()
     deadline = state.deadline(headers.timeout)
+    rank = state.data_parallel_rank(headers.data_parallel_rank)
     prompts = await tokenize_completion_prompts(state, body)
     admission: Admission | None  # None once a stream owns it
     admission = state.admit((body.n or 1) * len(prompts))
@@ -41,7 +42,13 @@ async def completion_response(
                 sub_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
                 generations.append(
                     await prepare(
-                        state, body, prompt_ids, base_id=sub_id, streaming=bool(body.stream), deadline=deadline
+                        state,
+                        body,
+                        prompt_ids,
+                        base_id=sub_id,
+                        streaming=bool(body.stream),
+                        deadline=deadline,
+                        data_parallel_rank=rank,
                     )
                 )
         except BaseException:

@@ -1,0 +1,305 @@
+"""Which engine holds which prefix-cache blocks: an index from block key to the engines that hold it.
+
+Fed by the engines' own KV events (`kv_subscriber.KVEventSubscriber`, on its thread) or, for an engine that
+publishes none, by pyfront's record of where it sent each prompt (approximate). Read by the router
+(`routing.Router`) with `longest_prefixes`, on the event loop or a worker thread; one lock guards it.
+
+Keys. A block's key is the low 64 bits of its 32-byte digest (what vLLM publishes by default,
+``kv_events.block_key``), and the router looks up the keys of pyfront's own feh1 hashes of the prompt
+(`hashing`). So an engine's published hashes can key the index directly only when they *are* pyfront's:
+
+- ``engine_hashes``: FEH was negotiated (the engine hashes with what pyfront ships: equal by construction),
+  or the first `VERIFY_BLOCKS` unsalted blocks the engine stored, re-hashed here from their token ids,
+  gave the engine's own hashes (default sha256 prefix hashing, same seed);
+- ``verifying`` (until then) and ``recomputed`` (a block differed: another ``PYTHONHASHSEED``, another
+  ``--prefix-caching-hash-algo``): the key is pyfront's own chain, computed from each event's token ids and
+  its parent's chain digest (kept per engine: engine key -> pyfront digest). A block whose parent was never
+  seen (events missed, index bound hit) cannot be chained and is left out: a miss, never a wrong hit;
+- ``approximate``: no KV events for this engine (none configured, or it stopped publishing): the keys of
+  the prompts pyfront sent there, newest kept;
+- ``off``: nothing recorded (cache-aware routing is off).
+
+Bound: at most `max_blocks` keys per engine, and as many chain digests; the oldest stored go first (an
+engine's cache evicts its least recently used free blocks first, and a re-stored block moves to the end
+here). About 90 bytes per key and 150 per chain digest in CPython: 2^18 keys per engine is ~24 MB for the
+keys (engine_hashes mode) and ~64 MB with digests (recomputed mode).
+
+Which blocks count: KV cache group 0 (``group_idx`` 0 or absent) and events whose ``block_size`` is the
+index's; other groups of hybrid models and partial-block events (mamba ``align`` mode) are ignored, so for
+such models the index under-predicts rather than over-predicts. Media: a block held in several tiers
+(``GPU``, ``CPU`` offload, ...) stays until every tier has removed it; every tier counts as cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyfront.engine_client.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, block_key
+from pyfront.hashing import HashConfig
+
+VERIFY_BLOCKS = 4
+"""Unsalted blocks re-hashed (all must match) before an engine's own hashes key the index."""
+
+_MEDIA = {None: 1, "GPU": 1, "CPU": 2}
+_OTHER_MEDIUM = 4
+
+ENGINE_HASHES = "engine_hashes"
+VERIFYING = "verifying"
+RECOMPUTED = "recomputed"
+APPROXIMATE = "approximate"
+OFF = "off"
+EVENT_MODES = (ENGINE_HASHES, VERIFYING, RECOMPUTED)
+
+
+def digest_key(digest: bytes) -> int:
+    """The index key of one of pyfront's 32-byte block digests (= vLLM's int form of the same hash)."""
+    return int.from_bytes(digest[24:], "big")
+
+
+@dataclass(slots=True)
+class EngineBlocks:
+    """One engine's entries and how they are keyed."""
+
+    mode: str = OFF
+    reason: str = "cache-aware routing is off"
+    blocks: dict[int, int] = field(default_factory=dict)
+    """key -> bit set of the media holding the block; insertion order is age."""
+    chains: dict[int, bytes] = field(default_factory=dict)
+    """engine key -> pyfront's digest of the same block (verifying / recomputed)."""
+    verified: int = 0
+    stored: int = 0
+    removed: int = 0
+    skipped: int = 0
+    """Stored blocks that could not be indexed (other group or block size, unknown parent)."""
+    clears: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineIndexStatus:
+    mode: str
+    reason: str
+    blocks: int
+    stored: int
+    removed: int
+    skipped: int
+    clears: int
+
+
+class PrefixIndex:
+    """Thread-safe; every method takes the one lock for O(its arguments) work."""
+
+    def __init__(self, num_engines: int, hash_config: HashConfig, *, max_blocks: int = 1 << 18) -> None:
+        if max_blocks < 1:
+            raise ValueError("max_blocks must be >= 1")
+        self.hash_config = hash_config
+        self.block_size = hash_config.block_size
+        self.max_blocks = max_blocks
+        self._engines = [EngineBlocks() for _ in range(num_engines)]
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ modes
+
+    def set_mode(self, rank: int, mode: str, reason: str) -> None:
+        """Start `rank` afresh in `mode` (its entries dropped): after a restart, at subscription, on silence."""
+        with self._lock:
+            engine = self._engines[rank]
+            if engine.blocks or engine.chains:
+                engine.clears += 1
+            self._engines[rank] = EngineBlocks(mode=mode, reason=reason, clears=engine.clears)
+
+    def clear(self, rank: int, reason: str) -> None:
+        """Drop `rank`'s entries but keep how they are keyed (a gap in its events, an engine-side clear)."""
+        with self._lock:
+            engine = self._engines[rank]
+            engine.blocks.clear()
+            engine.chains.clear()
+            engine.clears += 1
+            if engine.mode in EVENT_MODES:
+                engine.reason = f"{engine.reason}; cleared: {reason}"
+
+    def mode(self, rank: int) -> str:
+        return self._engines[rank].mode
+
+    def status(self, rank: int) -> EngineIndexStatus:
+        e = self._engines[rank]
+        return EngineIndexStatus(e.mode, e.reason, len(e.blocks), e.stored, e.removed, e.skipped, e.clears)
+
+    # ------------------------------------------------------------------ writes
+
+    def apply(self, rank: int, batch: EventBatch) -> None:
+        """One engine's event batch, in order."""
+        with self._lock:
+            engine = self._engines[rank]
+            if engine.mode not in EVENT_MODES:
+                return
+            for event in batch.events:
+                if isinstance(event, BlockStored):
+                    self._stored(engine, event)
+                elif isinstance(event, BlockRemoved):
+                    self._removed(engine, event)
+                elif isinstance(event, AllBlocksCleared):
+                    engine.blocks.clear()
+                    engine.chains.clear()
+                    engine.clears += 1
+
+    def record_sent(self, rank: int, keys: Sequence[int]) -> None:
+        """Approximate mode: `keys` (a prompt's block keys) are now on `rank` (newest last)."""
+        with self._lock:
+            engine = self._engines[rank]
+            if engine.mode != APPROXIMATE:
+                return
+            blocks = engine.blocks
+            for key in keys:
+                blocks.pop(key, None)
+                blocks[key] = 1
+            self._bound(blocks)
+
+    def _bound(self, table: dict[int, int] | dict[int, bytes]) -> None:
+        excess = len(table) - self.max_blocks
+        if excess > 0:
+            oldest = iter(table)
+            for key in [next(oldest) for _ in range(excess)]:
+                del table[key]
+
+    def _stored(self, engine: EngineBlocks, event: BlockStored) -> None:
+        hashes = event.block_hashes
+        size = self.block_size
+        if (event.group_idx or 0) != 0 or event.block_size != size or len(event.token_ids) != len(hashes) * size:
+            engine.skipped += len(hashes)
+            return
+        media = _MEDIA.get(event.medium, _OTHER_MEDIUM)
+        blocks = engine.blocks
+        engine.stored += len(hashes)
+        if engine.mode == ENGINE_HASHES:
+            for block_hash in hashes:
+                key = block_key(block_hash)
+                held = blocks.pop(key, 0)
+                blocks[key] = held | media
+            self._bound(blocks)
+            return
+        chains = engine.chains
+        parent: bytes | None
+        if event.parent_block_hash is None:
+            parent = self.hash_config.none_hash
+        else:
+            parent = chains.get(block_key(event.parent_block_hash))
+        tokens = event.token_ids
+        extra = event.extra_keys
+        sha256, dumps = hashlib.sha256, pickle.dumps
+        for i, block_hash in enumerate(hashes):
+            if parent is None:
+                engine.skipped += len(hashes) - i
+                break
+            keys = extra[i] if extra is not None and i < len(extra) else None
+            extra_keys = tuple(keys) if keys is not None else None
+            digest = sha256(dumps((parent, tuple(tokens[i * size : (i + 1) * size]), extra_keys), 5)).digest()
+            engine_key, key = block_key(block_hash), digest_key(digest)
+            chains.pop(engine_key, None)
+            chains[engine_key] = digest
+            held = blocks.pop(key, 0)
+            blocks[key] = held | media
+            parent = digest
+            if engine.mode == VERIFYING and extra_keys is None:
+                if engine_key == key:
+                    engine.verified += 1
+                    if engine.verified >= VERIFY_BLOCKS:
+                        engine.mode = ENGINE_HASHES
+                        engine.reason = (
+                            f"the engine's block hashes of its first {VERIFY_BLOCKS} unsalted blocks equal "
+                            "pyfront's, re-hashed from their token ids: keyed by the engine's hashes"
+                        )
+                        chains.clear()
+                        # The rest of this event keys as the engine's own hashes (proven equal).
+                        for later in hashes[i + 1 :]:
+                            later_key = block_key(later)
+                            held = blocks.pop(later_key, 0)
+                            blocks[later_key] = held | media
+                        break
+                else:
+                    engine.mode = RECOMPUTED
+                    engine.reason = (
+                        "the engine's block hashes differ from pyfront's for the same tokens (another "
+                        "PYTHONHASHSEED or --prefix-caching-hash-algo): keyed by pyfront's own chain of the "
+                        "events' token ids"
+                    )
+        self._bound(blocks)
+        self._bound(chains)
+
+    def _removed(self, engine: EngineBlocks, event: BlockRemoved) -> None:
+        if (event.group_idx or 0) != 0:
+            return
+        media = _MEDIA.get(event.medium, _OTHER_MEDIUM)
+        blocks = engine.blocks
+        chained = engine.mode != ENGINE_HASHES
+        for block_hash in event.block_hashes:
+            engine_key = block_key(block_hash)
+            if chained:
+                digest = engine.chains.get(engine_key)
+                if digest is None:
+                    continue
+                key = digest_key(digest)
+            else:
+                key = engine_key
+            held = blocks.get(key)
+            if held is None:
+                continue
+            held &= ~media
+            if held:
+                blocks[key] = held
+            else:
+                del blocks[key]
+                engine.removed += 1
+                if chained:
+                    del engine.chains[engine_key]
+
+    # ------------------------------------------------------------------ reads
+
+    def longest_prefixes(self, keys: Sequence[int]) -> list[int]:
+        """For each engine, how many of the leading `keys` it holds (one dict probe per held block, plus one)."""
+        with self._lock:
+            out = []
+            for engine in self._engines:
+                blocks = engine.blocks
+                count = 0
+                if blocks:
+                    for key in keys:
+                        if key not in blocks:
+                            break
+                        count += 1
+                out.append(count)
+            return out
+
+    def sizes(self) -> list[int]:
+        return [len(e.blocks) for e in self._engines]
+
+
+def prompt_keys(blob: bytes | None, header_len: int = 8) -> list[int]:
+    """The index keys of a packed FEH blob (header, then 32-byte digests): the low 64 bits of each, big-endian.
+
+    One C-level unpack of the whole blob (every digest as four big-endian u64s, the last kept): about 20 ns
+    a block, so even a 200k-token prompt's keys cost well under a millisecond.
+    """
+    if not blob:
+        return []
+    count = (len(blob) - header_len) // 32
+    return list(struct.unpack_from(f">{4 * count}Q", blob, header_len)[3::4])
+
+
+__all__ = [
+    "APPROXIMATE",
+    "ENGINE_HASHES",
+    "EVENT_MODES",
+    "OFF",
+    "RECOMPUTED",
+    "VERIFYING",
+    "VERIFY_BLOCKS",
+    "EngineIndexStatus",
+    "PrefixIndex",
+    "digest_key",
+    "prompt_keys",
+]
