@@ -574,7 +574,7 @@ class EngineClient:
         self._subscriber = KVEventSubscriber(self._index, silence_timeout_s=cfg.routing.silence_timeout_s)
         for engine in self.engines:
             self._subscribe(engine)
-        self._subscriber.start()
+        self._subscriber.start()  # idle (a poll timeout every 100 ms) while no engine publishes
         self._routing_reason = f"cache-aware on {block_size}-token blocks ({hash_config.describe()})"
         logger.info("routing: %s", self._routing_reason)
 
@@ -620,7 +620,7 @@ class EngineClient:
             logger.error("routing for engine rank %d: %s", engine.rank, why)
 
     async def _route(self, request: EngineCoreRequest) -> tuple[EngineState, Prediction | None, list[int]]:
-        """The engine for an unpinned request, what it should report cached, and the prompt's block keys."""
+        """The engine for an unpinned request, what it should report cached, and the block keys it lacked."""
         index = self._index
         prompt = request.prompt_token_ids
         keys: list[int] = []
@@ -646,7 +646,9 @@ class EngineClient:
         source = "approximate" if index.mode(engine.rank) == APPROXIMATE else "events"
         self.routing_stats.decided(decision.reason, source)
         stored_from = len(keys) * index.block_size
-        return engine, Prediction(engine.rank, decision.cached_tokens, stored_from, source), keys
+        # Approximate index: record only what the engine did not hold already (the walk just proved the rest).
+        new_keys = keys[prefixes[engine.rank] :] if prefixes is not None else keys
+        return engine, Prediction(engine.rank, decision.cached_tokens, stored_from, source), new_keys
 
     async def _record_sent(self, rank: int, keys: list[int]) -> None:
         """Approximate index: the prompt's blocks are now (about to be) on `rank`."""

@@ -262,8 +262,8 @@ class KVEventSubscriber:
             source.expected = None
         expected = source.expected
         if expected is None:
-            if seq != 0 and not self._replay(source, 0, seq):
-                source.gaps += 1
+            if seq != 0:  # subscribed after the engine started publishing: fetch what it published so far
+                self._catch_up(source, 0, seq, initial=True)
             source.expected = max(seq, source.expected or 0)
             expected = source.expected
         if seq < expected:
@@ -274,8 +274,7 @@ class KVEventSubscriber:
                 return  # already applied (from a replay)
         elif seq > expected:
             source.gaps += 1
-            if not self._replay(source, expected, seq):
-                self.index.clear(source.rank, f"KV events {expected}..{seq - 1} were missed and could not be replayed")
+            self._catch_up(source, expected, seq)
             if source.expected is not None and seq < source.expected:
                 return  # the replay went past this one
         self._apply(source, seq, frames[2])
@@ -299,41 +298,54 @@ class KVEventSubscriber:
         source.last_batch_at = self._clock()
         source.expecting_since = None
 
-    def _replay(self, source: _Source, start: int, upto: int) -> bool:
-        """Apply batches `start`.. from the replay endpoint; True if the batches before `upto` all came back."""
+    def _catch_up(self, source: _Source, start: int, upto: int, *, initial: bool = False) -> None:
+        """Apply batches `start`.. from the replay endpoint; clear the engine if those before `upto` cannot all be had.
+
+        `initial`: the subscription started late; nothing was indexed yet, so a replay that cannot reach back
+        to `start` loses nothing already known and clears nothing.
+        """
         replay = source.replay
         if replay is None:
-            return False
-        while replay.poll(0):  # leftovers of an earlier replay that timed out
-            replay.recv_multipart()
+            if not initial:
+                self.index.clear(
+                    source.rank, f"KV events {start}..{upto - 1} were missed and there is no replay endpoint"
+                )
+            return
         replay.send_multipart([b"", start.to_bytes(8, "big")])
         deadline = time.monotonic() + REPLAY_TIMEOUT_S
         first: int | None = None
-        applied_upto = start
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not replay.poll(int(remaining * 1000) + 1):
                 source.last_error = f"replay from {start} timed out"
                 logger.warning("engine rank %d: KV event replay from %d timed out", source.rank, start)
-                break
+                # A late answer must not be read as the answer to the next request: start a new connection.
+                replay.close(0)
+                source.replay = replay = self._ctx.socket(zmq.DEALER)
+                replay.setsockopt(zmq.LINGER, 0)
+                assert source.endpoints.replay_endpoint is not None
+                replay.connect(source.endpoints.replay_endpoint)
+                if not initial and (source.expected or 0) < upto:
+                    self.index.clear(source.rank, f"KV events {start}..{upto - 1} were missed and the replay timed out")
+                return
             frames = replay.recv_multipart()
             if len(frames) < 3:
                 continue
             seq_bytes, payload = frames[-2], frames[-1]
             if seq_bytes == END_SEQ:
-                break
+                if not initial and (source.expected or 0) < upto:
+                    self.index.clear(source.rank, f"KV events {start}..{upto - 1} are not in the replay buffer")
+                return
             seq = int.from_bytes(seq_bytes, "big")
             if first is None:
                 first = seq
-                if seq > start:
+                if seq > start and not initial:
                     # The buffer lost the first ones: what is left cannot make the index whole.
                     self.index.clear(source.rank, f"KV events {start}..{seq - 1} are gone from the replay buffer")
             if source.expected is not None and seq < source.expected:
                 continue
             self._apply(source, seq, payload)
             source.replayed += 1
-            applied_upto = seq + 1
-        return first == start and applied_upto >= upto
 
 
 def initial_mode(feh_negotiated: bool) -> tuple[str, str]:

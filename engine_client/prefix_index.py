@@ -21,8 +21,8 @@ Keys. A block's key is the low 64 bits of its 32-byte digest (what vLLM publishe
 
 Bound: at most `max_blocks` keys per engine, and as many chain digests; the oldest stored go first (an
 engine's cache evicts its least recently used free blocks first, and a re-stored block moves to the end
-here). About 90 bytes per key and 150 per chain digest in CPython: 2^18 keys per engine is ~24 MB for the
-keys (engine_hashes mode) and ~64 MB with digests (recomputed mode).
+here). About 76 bytes per key and 141 per chain digest in CPython (tracemalloc, random 64-bit keys): 2^18
+keys per engine is ~20 MB (engine_hashes mode), ~57 MB with the digests (verifying / recomputed).
 
 Which blocks count: KV cache group 0 (``group_idx`` 0 or absent) and events whose ``block_size`` is the
 index's; other groups of hybrid models and partial-block events (mamba ``align`` mode) are ignored, so for
@@ -77,6 +77,8 @@ class EngineBlocks:
     skipped: int = 0
     """Stored blocks that could not be indexed (other group or block size, unknown parent)."""
     clears: int = 0
+    last_clear: str = ""
+    """Why the entries were last dropped (a gap in the events, the engine gone, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +121,15 @@ class PrefixIndex:
             engine.blocks.clear()
             engine.chains.clear()
             engine.clears += 1
-            if engine.mode in EVENT_MODES:
-                engine.reason = f"{engine.reason}; cleared: {reason}"
+            engine.last_clear = reason
 
     def mode(self, rank: int) -> str:
         return self._engines[rank].mode
 
     def status(self, rank: int) -> EngineIndexStatus:
         e = self._engines[rank]
-        return EngineIndexStatus(e.mode, e.reason, len(e.blocks), e.stored, e.removed, e.skipped, e.clears)
+        reason = f"{e.reason}; last cleared: {e.last_clear}" if e.last_clear else e.reason
+        return EngineIndexStatus(e.mode, reason, len(e.blocks), e.stored, e.removed, e.skipped, e.clears)
 
     # ------------------------------------------------------------------ writes
 
