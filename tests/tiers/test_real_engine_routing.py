@@ -42,8 +42,11 @@ from typing import Any
 
 import httpx
 import pytest
+import zmq
 
 from pyfront.engine_client.kv_events import BlockStored, resolve_endpoints
+from pyfront.engine_client.kv_subscriber import KVEventSubscriber
+from pyfront.engine_client.prefix_index import ENGINE_HASHES, VERIFYING, PrefixIndex
 from pyfront.hashing import HashConfig, block_hashes
 from pyfront.hashing.blocks import hash_chain
 from pyfront.server.config import ServerConfig
@@ -485,3 +488,48 @@ def test_cache_routing_finds_a_salted_prefix(rig: Rig, runs: dict[str, list[list
     first = list(range(50_000, 50_000 + 3 * BLOCK + 10))
     reason, cached = _two_turns(rig.cache, rig.model, "tenant-s", first, 1)
     assert (reason, cached) == ("cache", 3 * BLOCK)
+
+
+def test_pyfront_subscriber_catches_up_by_replay(rig: Rig, runs: dict[str, list[list[Turn]]], tokenizer: Any) -> None:
+    """pyfront's own subscriber, started late on the load pair's engines (in the probe's place): the first live batch
+    it gets has seq > 0, so it replays from 0 over vLLM's real replay socket and ends with every workload block."""
+    rig.probe.close()  # frees P and P+1; the engines' PUB sockets reconnect to whoever binds them next
+    published = [len(rig.probe.received(rank)) for rank in (0, 1)]
+    index = PrefixIndex(2, HashConfig.default(BLOCK))
+    subscriber = KVEventSubscriber(index)
+    for rank in (0, 1):
+        endpoints = resolve_endpoints(rig.load.flag, rank, "127.0.0.1", offset=True)
+        assert endpoints is not None and endpoints.subscriber_binds
+        deadline = time.monotonic() + 10
+        while True:  # the probe's sockets release their ports asynchronously (zmq's I/O thread)
+            try:
+                subscriber.add(rank, endpoints, VERIFYING, "the routing tier's late subscriber")
+                break
+            except zmq.ZMQError:
+                assert time.monotonic() < deadline, f"{endpoints.endpoint} stays taken after the probe closed"
+                time.sleep(0.1)
+    subscriber.start()
+    try:
+        for rank in (0, 1):
+            # New blocks on `rank` until a batch gets through (those published before the PUB reconnected are lost).
+            deadline = time.monotonic() + 20
+            attempt = 0
+            while (status := subscriber.status(rank)) is None or status.batches == 0:
+                assert time.monotonic() < deadline, f"pyfront's subscriber got nothing from rank {rank}"
+                attempt += 1
+                prompt = [60_000 + 1000 * rank + 10 * attempt + i for i in range(BLOCK + 1)]
+                body = {"model": rig.model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+                url = f"{rig.load.server.url}/v1/completions"
+                headers = {"X-data-parallel-rank": str(rank)}
+                assert httpx.post(url, json=body, headers=headers, timeout=REQUEST_TIMEOUT_S).status_code == 200
+                time.sleep(0.2)
+            assert status.gaps == 0 and status.undecodable == 0 and status.replayed >= published[rank], status
+            assert index.status(rank).mode == ENGINE_HASHES, index.status(rank)
+        for turns in runs["load"]:
+            for turn in turns:
+                text = tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, tokenize=False)
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                keys = [int.from_bytes(d, "big") & LOW64 for d in block_hashes(ids, index.hash_config)]
+                assert max(index.longest_prefixes(keys)) == len(keys), (turn.conversation, turn.turn)
+    finally:
+        subscriber.close()
