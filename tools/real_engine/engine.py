@@ -317,19 +317,23 @@ def _check_model_dir(model_dir: str | os.PathLike) -> str:
     return str(p.resolve())
 
 
-def _handshake_args(rpc_port: int, local_engines: int) -> list[str]:
-    """The data-parallel flags both sides of the handshake get: one engine in all, its front end on
-    127.0.0.1:rpc_port; `local_engines` is 1 for the headless engine, 0 for a front end."""
-    return [
+def _handshake_args(rpc_port: int, local_engines: int, size: int = 1, start_rank: int = 0) -> list[str]:
+    """The data-parallel flags both sides of the handshake get: `size` engines in all (one by default), their
+    front end on 127.0.0.1:rpc_port; `local_engines` is 1 for a headless engine, 0 for a front end. A headless
+    engine of a larger deployment also gets its rank (`--data-parallel-start-rank`)."""
+    args = [
         "--data-parallel-address",
         "127.0.0.1",
         "--data-parallel-rpc-port",
         str(rpc_port),
         "--data-parallel-size",
-        "1",
+        str(size),
         "--data-parallel-size-local",
         str(local_engines),
     ]
+    if start_rank:
+        args += ["--data-parallel-start-rank", str(start_rank)]
+    return args
 
 
 def _frontend_argv(exe: str, model_dir: str | os.PathLike, rpc_port: int, http_port: int) -> list[str]:
@@ -349,13 +353,21 @@ def start_headless_engine(
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     stop_at_exit: bool = True,
+    data_parallel_size: int = 1,
+    data_parallel_rank: int = 0,
 ) -> Handle:
     """Start `vllm serve MODEL --headless`: an EngineCore that connects to a front end listening on
-    127.0.0.1:rpc_port. It does one handshake; start a fresh one for each front end."""
+    127.0.0.1:rpc_port. It does one handshake; start a fresh one for each front end.
+
+    For data parallelism start one such process per rank (`data_parallel_size` N, `data_parallel_rank` 0..N-1,
+    each with its own VLLM_CPU_OMP_THREADS_BIND core): the front end waits for all N on the same port."""
     if rpc_port in RESERVED_PORTS:
         raise EngineError(f"rpc port {rpc_port} is reserved for other jobs")
+    if not 0 <= data_parallel_rank < data_parallel_size:
+        raise EngineError(f"rank {data_parallel_rank} is not in 0..{data_parallel_size - 1}")
     exe, model = _vllm_bin(venv), _check_model_dir(model_dir)
-    argv = [exe, "serve", model, "--headless", *_handshake_args(rpc_port, 1), *MODEL_ARGS, *extra_args]
+    handshake = _handshake_args(rpc_port, 1, data_parallel_size, data_parallel_rank)
+    argv = [exe, "serve", model, "--headless", *handshake, *MODEL_ARGS, *extra_args]
     return _spawn("vllm-engine", argv, log_path, rpc_port, None, env, stop_at_exit)
 
 
