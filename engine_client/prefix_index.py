@@ -29,8 +29,12 @@ keys per engine is ~20 MB (engine_hashes mode), ~57 MB with the digests (verifyi
 
 Which blocks count: KV cache group 0 (``group_idx`` 0 or absent) and events whose ``block_size`` is the
 index's; other groups of hybrid models and partial-block events (mamba ``align`` mode) are ignored, so for
-such models the index under-predicts rather than over-predicts. Media: a block held in several tiers
-(``GPU``, ``CPU`` offload, ...) stays until every tier has removed it; every tier counts as cached.
+such models the index under-predicts rather than over-predicts. Copies: vLLM does not de-duplicate blocks (a
+request that recomputes a cached block, e.g. the last block of a fully cached prompt, stores a second copy
+with its own BlockStored and, later, its own BlockRemoved), and an offloading connector stores copies in
+other media (``CPU``, ...): a key counts its copies and stays until the last one is removed; every medium
+counts as cached. (vLLM also re-announces reused blocks as BlockStored when a request asks for
+``kv_cache_report_mode="full"``; pyfront never does, so counts are not inflated by its own requests.)
 """
 
 from __future__ import annotations
@@ -48,8 +52,6 @@ from pyfront.hashing import HashConfig
 VERIFY_BLOCKS = 4
 """Unsalted blocks re-hashed (all must match) before an engine's own hashes key the index."""
 
-_MEDIA = {None: 1, "GPU": 1, "CPU": 2}
-_OTHER_MEDIUM = 4
 
 ENGINE_HASHES = "engine_hashes"
 VERIFYING = "verifying"
@@ -71,7 +73,7 @@ class EngineBlocks:
     mode: str = OFF
     reason: str = "cache-aware routing is off"
     blocks: dict[int, int] = field(default_factory=dict)
-    """key -> bit set of the media holding the block; insertion order is age."""
+    """key -> copies of the block the engine holds (any medium); insertion order is age."""
     chains: dict[int, bytes] = field(default_factory=dict)
     """engine key -> pyfront's digest of the same block (verifying / recomputed, and salted chains)."""
     salted: dict[int, None] = field(default_factory=dict)
@@ -181,7 +183,6 @@ class PrefixIndex:
         if (event.group_idx or 0) != 0 or event.block_size != size or len(event.token_ids) != len(hashes) * size:
             engine.skipped += len(hashes)
             return
-        media = _MEDIA.get(event.medium, _OTHER_MEDIUM)
         blocks = engine.blocks
         engine.stored += len(hashes)
         chains = engine.chains
@@ -192,8 +193,7 @@ class PrefixIndex:
         if plain:
             for block_hash in hashes:
                 key = block_key(block_hash)
-                held = blocks.pop(key, 0)
-                blocks[key] = held | media
+                blocks[key] = blocks.pop(key, 0) + 1
             self._bound(blocks)
             return
         parent: bytes | None
@@ -216,8 +216,7 @@ class PrefixIndex:
             engine_key, key = block_key(block_hash), digest_key(digest)
             chains.pop(engine_key, None)
             chains[engine_key] = digest
-            held = blocks.pop(key, 0)
-            blocks[key] = held | media
+            blocks[key] = blocks.pop(key, 0) + 1
             parent = digest
             if extra_keys is not None:
                 in_salted_chain = True
@@ -249,7 +248,6 @@ class PrefixIndex:
     def _removed(self, engine: EngineBlocks, event: BlockRemoved) -> None:
         if (event.group_idx or 0) != 0:
             return
-        media = _MEDIA.get(event.medium, _OTHER_MEDIUM)
         blocks, chains = engine.blocks, engine.chains
         trusted = engine.mode == ENGINE_HASHES
         for block_hash in event.block_hashes:
@@ -264,9 +262,8 @@ class PrefixIndex:
             held = blocks.get(key)
             if held is None:
                 continue
-            held &= ~media
-            if held:
-                blocks[key] = held
+            if held > 1:
+                blocks[key] = held - 1
             else:
                 del blocks[key]
                 engine.removed += 1

@@ -292,3 +292,16 @@ def test_stock_salted_chains_are_rehashed_to_pyfronts_keys(mode: str) -> None:
     idx.apply(0, batch(stored(PROMPT, 0, 10)))  # unsalted: verifies (or is trusted)
     assert idx.mode(0) == ENGINE_HASHES
     assert idx.longest_prefixes(keys_of(PROMPT)) == [10, 0]
+
+
+def test_copies_of_a_block_are_counted() -> None:
+    """vLLM stores a recomputed block as a second copy (own BlockStored, later own BlockRemoved): the block is
+    cached until both copies are gone."""
+    idx = index()
+    idx.apply(0, batch(stored(PROMPT, 0, 10)))
+    idx.apply(0, batch(stored(PROMPT, 9, 10)))  # the last block recomputed by a repeat of the prompt
+    last = keys_of(PROMPT)[9]
+    idx.apply(0, batch(BlockRemoved(block_hashes=[last], medium="GPU")))
+    assert idx.longest_prefixes(keys_of(PROMPT)) == [10, 0]
+    idx.apply(0, batch(BlockRemoved(block_hashes=[last], medium="GPU")))
+    assert idx.longest_prefixes(keys_of(PROMPT)) == [9, 0]
