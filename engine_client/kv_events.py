@@ -26,6 +26,7 @@ decodes a real engine's batches with them.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -166,9 +167,14 @@ def _connectable(endpoint: str, host: str) -> str:
 
 
 def _bindable(endpoint: str) -> str:
-    """A ``tcp://HOST:P`` the engine connects to, as this side binds it (every interface, port P)."""
-    if endpoint.startswith("tcp://"):
-        port = endpoint.rsplit(":", 1)[1]
+    """A ``tcp://HOST:P`` the engine connects to, as this side binds it: HOST itself when it is an IP address
+    (the engine reaches this host there; binding only it exposes nothing more), else every interface."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, port = endpoint[len("tcp://") :].rsplit(":", 1)
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
         return f"tcp://*:{port}"
     return endpoint
 

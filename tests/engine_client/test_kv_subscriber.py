@@ -283,9 +283,14 @@ def test_resolve_endpoints_follows_vllms_rules() -> None:
     rank2 = resolve_endpoints(flag, 2, "10.0.0.7", offset=True)
     assert rank2 == KVEventsEndpoints("tcp://10.0.0.7:5559", False, "tcp://10.0.0.7:5602", "t")
     connecting = dict(flag, endpoint="tcp://10.0.0.1:7000", replay_endpoint=None)
-    assert resolve_endpoints(connecting, 1, "h", offset=True) == KVEventsEndpoints("tcp://*:7001", True, None, "t")
+    # The engine connects to 10.0.0.1: that is this host's address, and only it is bound.
+    assert resolve_endpoints(connecting, 1, "h", offset=True) == KVEventsEndpoints(
+        "tcp://10.0.0.1:7001", True, None, "t"
+    )
     registered = dict(flag, endpoint="tcp://10.0.0.1:7001")  # what rank 1 reports: already offset
-    assert resolve_endpoints(registered, 1, "h", offset=False).endpoint == "tcp://*:7001"  # type: ignore[union-attr]
+    assert resolve_endpoints(registered, 1, "h", offset=False).endpoint == "tcp://10.0.0.1:7001"  # type: ignore[union-attr]
+    named = dict(flag, endpoint="tcp://frontend.local:7000")  # a name: every interface
+    assert resolve_endpoints(named, 0, "h", offset=True).endpoint == "tcp://*:7000"  # type: ignore[union-attr]
     assert resolve_endpoints({"enable_kv_cache_events": False}, 0, "h", offset=True) is None
     assert resolve_endpoints(None, 0, "h", offset=False) is None
     assert resolve_endpoints(dict(flag, publisher="null"), 0, "h", offset=True) is None
