@@ -24,4 +24,5 @@ export PYFRONT_VLLM_VENV="$venv"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 "$PY" -m pytest -q --real-engine -m real_engine --durations=0 \
-    tests/tiers/test_real_engine.py tests/tiers/test_real_engine_qwen36.py tests/tiers/test_real_engine_feh_plugin.py "$@"
+    tests/tiers/test_real_engine.py tests/tiers/test_real_engine_qwen36.py tests/tiers/test_real_engine_feh_plugin.py \
+    tests/tiers/test_real_engine_mock_events.py "$@"
