@@ -19,6 +19,14 @@ Front-end block hashing: with `--advertise-feh` the registration carries `native
 and every ADD's `prompt_block_hashes` is checked against the mock's own recomputation; the counts
 (used / missing / mismatched / unexpected) are readable with the utility `mock_stats`.
 
+Prefix caching (all opt-in, docs/engine-protocol.md#mock-engine): `--enable-prefix-caching` simulates vLLM's
+prefix cache over the feh1 block hashes (`--prefix-cache-blocks N`; `--hash-seed S` gives the engine the
+none_hash of PYTHONHASHSEED=S), reports each request's cached prompt tokens in its first output's
+prefill_stats, and with `--kv-events-config JSON` (vLLM's flag) publishes vLLM's KV cache events per rank
+(engine_client/mock_prefix_cache.py). `--prefill-tokens-per-ms R` holds a request's first token for its
+uncached prompt tokens / R ms, one prefill after another per rank, so a request sent to an engine without
+its prefix costs every request there time to first token.
+
 Faults: `--die-after-requests N` (then `--die-mode sentinel` sends ENGINE_CORE_DEAD first, `silent`
 just exits), and the utilities `mock_die(mode)` and `mock_stall(seconds)`. A process killed and started
 again with the same `--ranks` is a restarted engine, as a real one: it says HELLO again and registers again
@@ -835,9 +843,9 @@ class MockEngine:
     """Every configured rank on its own thread; `start()`, then `stop()` (or run until killed)."""
 
     def __init__(self, config: MockConfig) -> None:
+        kv_events = _kv_events(config)  # a bad config fails before any socket exists
         self.stop_event = threading.Event()
         self.ctx = zmq.Context()
-        kv_events = _kv_events(config)
         self.ranks: list[MockEngineRank] = []
         try:
             for rank in config.ranks:

@@ -340,7 +340,7 @@ class KVEventPublisher:
                 if self._replay is not None and self._replay.poll(0):
                     try:
                         self._serve_replay()
-                    except zmq.ZMQError:
+                    except Exception:  # as vLLM: replay is best effort, publishing goes on
                         logger.exception("rank %d: KV events replay failed", self.rank)
                 try:
                     batch = self._queue.get(timeout=self.POLL_S)
@@ -352,7 +352,7 @@ class KVEventPublisher:
                 try:
                     payload = encode_batch(batch)
                     self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-                except zmq.ZMQError:  # as vLLM: log, back off, go on with the next batch (this one is lost)
+                except Exception:  # as vLLM: log, back off, go on with the next batch (this one is lost)
                     logger.exception("rank %d: KV events batch %d not sent", self.rank, seq)
                     time.sleep(self.POLL_S)
                     continue

@@ -25,7 +25,7 @@ export PYFRONT_VLLM_VENV="$venv"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 files=(tests/tiers/test_real_engine.py tests/tiers/test_real_engine_qwen36.py tests/tiers/test_real_engine_feh_plugin.py
-       tests/tiers/test_real_engine_routing.py)
+       tests/tiers/test_real_engine_routing.py tests/tiers/test_real_engine_mock_events.py)
 # Test paths among the arguments (a file, or file::test) replace the default files.
 for arg in "$@"; do
     if [[ -e "${arg%%::*}" ]]; then files=(); break; fi
