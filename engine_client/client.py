@@ -630,7 +630,7 @@ class EngineClient:
                 blob = request.prompt_block_hashes
             else:
                 blob = await self._routing_hasher.hash_prompt(prompt, request.cache_salt, checked=True)
-            keys = prompt_keys(blob)
+            keys = prompt_keys(blob, index.block_size, len(prompt))
             if len(keys) <= INLINE_LOOKUP_BLOCKS:
                 prefixes = index.longest_prefixes(keys)
             else:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 from pyfront.engine_client.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, block_key
 from pyfront.hashing import HashConfig
+from pyfront.hashing.wire import DIGEST_SIZE, HEADER_SIZE, pack_header
 
 VERIFY_BLOCKS = 4
 """Unsalted blocks re-hashed (all must match) before an engine's own hashes key the index."""
@@ -292,16 +293,22 @@ class PrefixIndex:
         return [len(e.blocks) for e in self._engines]
 
 
-def prompt_keys(blob: bytes | None, header_len: int = 8) -> list[int]:
+def prompt_keys(blob: object, block_size: int, num_tokens: int) -> list[int]:
     """The index keys of a packed FEH blob (header, then 32-byte digests): the low 64 bits of each, big-endian.
+
+    A blob the engine would refuse (not bytes, short, wrong magic or block size, ragged, the wrong count for
+    the prompt: the checks of `unpack_block_hashes`) yields no keys: it says nothing about what any engine
+    holds, and a caller-built blob must not crash the request it rides on.
 
     One C-level unpack of the whole blob (every digest as four big-endian u64s, the last kept): about 20 ns
     a block, so even a 200k-token prompt's keys cost well under a millisecond.
     """
-    if not blob:
+    if not isinstance(blob, bytes) or len(blob) < HEADER_SIZE:
         return []
-    count = (len(blob) - header_len) // 32
-    return list(struct.unpack_from(f">{4 * count}Q", blob, header_len)[3::4])
+    count, ragged = divmod(len(blob) - HEADER_SIZE, DIGEST_SIZE)
+    if ragged or count != num_tokens // block_size or blob[:HEADER_SIZE] != pack_header(block_size):
+        return []
+    return list(struct.unpack_from(f">{4 * count}Q", blob, HEADER_SIZE)[3::4])
 
 
 __all__ = [

@@ -20,6 +20,7 @@ from pyfront.engine_client.prefix_index import (
     prompt_keys,
 )
 from pyfront.hashing import HashConfig, block_hashes, pack_block_hashes
+from pyfront.hashing.wire import pack_header
 
 BS = 4
 CONFIG = HashConfig.default(BS)
@@ -74,12 +75,32 @@ def index(mode: str = ENGINE_HASHES, engines: int = 2, **kw: int) -> PrefixIndex
 
 def test_prompt_keys_of_a_blob_are_the_digests_low_64_bits() -> None:
     digests = block_hashes(PROMPT, CONFIG)
-    assert prompt_keys(pack_block_hashes(digests, BS)) == [digest_key(d) for d in digests]
-    assert prompt_keys(None) == []
+    good = pack_block_hashes(digests, BS)
+    assert prompt_keys(good, BS, len(PROMPT)) == [digest_key(d) for d in digests]
+    assert prompt_keys(None, BS, len(PROMPT)) == []
     assert all(
         k == int.from_bytes(d, "big") & (2**64 - 1)
-        for k, d in zip(prompt_keys(pack_block_hashes(digests, BS)), digests, strict=True)
+        for k, d in zip(prompt_keys(good, BS, len(PROMPT)), digests, strict=True)
     )
+
+
+def test_a_blob_the_engine_would_refuse_has_no_keys() -> None:
+    """The FEH plugin tier's bad blobs (a caller may build its own): no keys, never an exception."""
+    good = pack_block_hashes(block_hashes(PROMPT, CONFIG), BS)
+    assert good is not None and prompt_keys(good, BS, len(PROMPT))
+    bad: list[object] = [
+        b"FEH2" + good[4:],  # magic
+        pack_header(BS // 2) + good[8:],  # block size
+        good[:6],  # short
+        good[:-5],  # ragged
+        good[:-32],  # one digest short of the prompt's full blocks
+        good.hex(),  # a str
+        12345,  # an int
+        bytearray(good),  # not bytes (the wire decodes bytes)
+    ]
+    for blob in bad:
+        assert prompt_keys(blob, BS, len(PROMPT)) == [], blob
+    assert prompt_keys(good, BS, len(PROMPT) + BS) == []  # the count is for another prompt
 
 
 def test_stored_then_longest_prefix_per_engine() -> None:

@@ -987,9 +987,11 @@ XML_CASES: dict[str, tuple[str, dict | None, object]] = {
     ),
 }
 
-# vLLM 0.32 with qwen3_coder drops the text after the last call from its non-streamed answer but streams it
-# (without the newline after </tool_call>); pyfront keeps it in both modes, as written (what a model writes is
-# not thrown away; only whitespace-only stretches next to calls are dropped: tests/server/chat/test_qwen3_coder.py).
+# vLLM 0.32 with qwen3_coder drops the text after the last call from its non-streamed answer but streams it,
+# with or without the newline after </tool_call> depending on how the engine's tokens fell into deltas (both seen
+# in CI runs of the same script, so it turns on timing, not on the text); pyfront keeps it in both modes, as
+# written (what a model writes is not thrown away; only whitespace-only stretches next to calls are dropped:
+# tests/server/chat/test_qwen3_coder.py).
 VLLM_FULL_DROPS_TEXT_AFTER_CALLS = {"xml_text_after_call": "\nI asked for the time."}
 
 # Per parser: (cases with tool_choice, the cases where vLLM's stream sends the whitespace before the calls as
@@ -1236,7 +1238,7 @@ def test_tool_calls_and_reasoning_match_vllm_frontend(
         full, stream = f"{name}/full", f"{name}/stream"
         if name in VLLM_FULL_DROPS_TEXT_AFTER_CALLS:
             after = VLLM_FULL_DROPS_TEXT_AFTER_CALLS[name]
-            assert not vllm[full]["content"] and vllm[stream]["content"] == after.lstrip("\n"), (
+            assert not vllm[full]["content"] and vllm[stream]["content"] in (after, after.lstrip("\n")), (
                 vllm[full],
                 vllm[stream],
             )
