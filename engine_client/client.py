@@ -574,7 +574,7 @@ class EngineClient:
         self._subscriber = KVEventSubscriber(self._index, silence_timeout_s=cfg.routing.silence_timeout_s)
         for engine in self.engines:
             self._subscribe(engine)
-        self._subscriber.start()  # idle (a poll timeout every 100 ms) while no engine publishes
+        self._subscriber.start()  # idle (a 100 ms wait, polling nothing) while no engine publishes
         self._routing_reason = f"cache-aware on {block_size}-token blocks ({hash_config.describe()})"
         logger.info("routing: %s", self._routing_reason)
 
@@ -648,7 +648,8 @@ class EngineClient:
         stored_from = len(keys) * index.block_size
         # Approximate index: record only what the engine did not hold already (the walk just proved the rest).
         new_keys = keys[prefixes[engine.rank] :] if prefixes is not None else keys
-        return engine, Prediction(engine.rank, decision.cached_tokens, stored_from, source), new_keys
+        seen = self._subscriber.batches_received(engine.rank) if self._subscriber is not None else 0
+        return engine, Prediction(engine.rank, decision.cached_tokens, stored_from, source, seen), new_keys
 
     async def _record_sent(self, rank: int, keys: list[int]) -> None:
         """Approximate index: the prompt's blocks are now (about to be) on `rank`."""
@@ -676,7 +677,7 @@ class EngineClient:
             and self._index is not None
             and self._index.mode(prediction.rank) in EVENT_MODES
         ):
-            subscriber.expect_events(prediction.rank)
+            subscriber.expect_events(prediction.rank, prediction.batches_before)
 
     @property
     def num_in_flight(self) -> int:

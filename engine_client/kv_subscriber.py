@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -107,9 +107,20 @@ class KVEventSubscriber:
         else:
             self._commands.put(("add", (rank, endpoints, mode, reason)))
 
-    def expect_events(self, rank: int) -> None:
-        """`rank` just stored new blocks (a request's first output said so): a batch must follow soon."""
-        self._commands.put(("expect", rank))
+    def batches_received(self, rank: int) -> int:
+        """Batches applied from `rank` so far (read from any thread: one int of a dict entry)."""
+        source = self._sources.get(rank)
+        return source.batches if source is not None else 0
+
+    def expect_events(self, rank: int, batches_before: int) -> None:
+        """`rank` stored new blocks for a request routed when `batches_before` of its batches had arrived (its
+        first output said so): a batch must have followed since, or follow soon.
+
+        The count, not the moment of the call, is the reference: an engine publishes a step's events before it
+        sends that step's outputs (vLLM and the mock both do), so the batch holding this request's blocks has
+        often been applied already by the time its first output arrives.
+        """
+        self._commands.put(("expect", (rank, batches_before)))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="pyfront-kv-events", daemon=True)
@@ -154,7 +165,19 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.SUBSCRIBE, endpoints.topic.encode())
         if endpoints.subscriber_binds:
-            sub.bind(endpoints.endpoint)
+            try:
+                sub.bind(endpoints.endpoint)
+            except zmq.ZMQError as exc:
+                if exc.errno not in (zmq.EADDRINUSE, zmq.EADDRNOTAVAIL):
+                    sub.close(0)
+                    raise
+                # vLLM binds `tcp://*:0` on the engine's IP and a port of the OS's choosing and registers that
+                # address, which reads as an endpoint the engine connects to. Taken (the engine on this host
+                # holds it) or not an address of this host: the engine bound it, so connect.
+                logger.info("KV events of engine rank %d: %s is bound already (%s): connecting to it",
+                            rank, endpoints.endpoint, exc)  # fmt: skip
+                endpoints = replace(endpoints, subscriber_binds=False)
+                sub.connect(endpoints.endpoint)
         else:
             sub.connect(endpoints.endpoint)
         replay = None
@@ -201,6 +224,10 @@ class KVEventSubscriber:
             changed = self._drain_commands()
             if changed:
                 sync_poller()
+            if not registered:
+                # zmq.Poller.poll returns at once when it has no sockets: wait here instead of spinning.
+                self._stop.wait(POLL_MS / 1000)
+                continue
             for sock, _ in poller.poll(POLL_MS):
                 rank = registered.get(sock)
                 source = self._sources.get(rank) if rank is not None else None
@@ -230,8 +257,9 @@ class KVEventSubscriber:
                     self.index.set_mode(rank, APPROXIMATE, f"subscribing to {endpoints.endpoint} failed: {exc}")
                 changed = True
             elif kind == "expect":
-                source = self._sources.get(arg)
-                if source is not None and source.expecting_since is None:
+                rank, batches_before = arg
+                source = self._sources.get(rank)
+                if source is not None and source.batches <= batches_before and source.expecting_since is None:
                     source.expecting_since = self._clock()
 
     def _check_silence(self) -> None:

@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 
 from pyfront.engine_client.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, block_key
 from pyfront.hashing import HashConfig
-from pyfront.hashing.wire import DIGEST_SIZE, HEADER_SIZE, pack_header
+from pyfront.hashing.config import DIGEST_SIZE
+from pyfront.hashing.wire import HEADER_SIZE, pack_header
 
 VERIFY_BLOCKS = 4
 """Unsalted blocks re-hashed (all must match) before an engine's own hashes key the index."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pyfront.engine_client.kv_events import parse_config_flag
 from pyfront.engine_client.routing import ROUTING_POLICIES
-from pyfront.server.config import ServerConfig, resolve_api_keys, tokenizer_problem
+from pyfront.server.config import ROUTING_DEFAULTS, ServerConfig, resolve_api_keys, tokenizer_problem
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, QWEN3, bundled_spec
 
 # `vllm serve` flags that configure the engine, not the front end (vLLM's EngineArgs), with vLLM's short
@@ -216,26 +216,26 @@ def build_parser() -> argparse.ArgumentParser:
     routing.add_argument(
         "--routing-load-weight",
         type=non_negative_float,
-        default=512.0,
+        default=ROUTING_DEFAULTS.load_weight,
         help="prompt tokens one unit of an engine's DP load score (in-flight, waiting + running) is worth",
     )
     routing.add_argument(
         "--routing-max-imbalance",
         type=at_least_one,
-        default=1.25,
+        default=ROUTING_DEFAULTS.max_imbalance,
         help="an engine competes only while its load is at most this times the least loaded one's "
         "(or the slack above it)",
     )
     routing.add_argument(
         "--routing-imbalance-slack",
         type=non_negative_float,
-        default=2.0,
+        default=ROUTING_DEFAULTS.imbalance_slack,
         help="... or at most this much above the least loaded one's load",
     )
     routing.add_argument(
         "--routing-index-max-blocks",
         type=positive_int,
-        default=1 << 18,
+        default=ROUTING_DEFAULTS.index_max_blocks,
         help="blocks remembered per engine in the prefix index (~76 bytes each, ~220 with pyfront's own "
         "chains; the oldest go first)",
     )
@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     routing.add_argument(
         "--kv-events-silence-timeout",
         type=positive_seconds,
-        default=10.0,
+        default=ROUTING_DEFAULTS.silence_timeout_s,
         help="an engine that stored new blocks but published no KV event for this long is routed approximately "
         "until its events resume",
     )

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from pyfront.engine_client.routing import RoutingConfig
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, is_bundled_tokenizer_name
 
 ENV_PREFIX = "PYFRONT_"
@@ -61,6 +62,10 @@ def tokenizer_problem(name: str) -> str | None:
     return f"no such directory: {name}: {instead}"
 
 
+ROUTING_DEFAULTS = RoutingConfig()
+"""The routing knobs' defaults: engine_client.routing.RoutingConfig's, the one definition."""
+
+
 @dataclass(slots=True)
 class ServerConfig:
     model: str = BUNDLED_TOKENIZER_NAME
@@ -95,15 +100,15 @@ class ServerConfig:
     engine_stall_timeout: float = 30.0
     routing: str = "cache"
     """Data-parallel routing: "cache" (prefix-cache aware, engine_client/routing.py) or "load" (load alone)."""
-    routing_load_weight: float = 512.0
-    routing_max_imbalance: float = 1.25
-    routing_imbalance_slack: float = 2.0
-    routing_index_max_blocks: int = 1 << 18
+    routing_load_weight: float = ROUTING_DEFAULTS.load_weight
+    routing_max_imbalance: float = ROUTING_DEFAULTS.max_imbalance
+    routing_imbalance_slack: float = ROUTING_DEFAULTS.imbalance_slack
+    routing_index_max_blocks: int = ROUTING_DEFAULTS.index_max_blocks
     kv_events_config: str | None = None
     """vLLM's --kv-events-config JSON, as the engines were given it; None: the endpoints the engines register."""
     kv_events_hosts: list[str] = field(default_factory=list)
     """Hosts of engines that publish on a wildcard endpoint (one, or one per rank); default 127.0.0.1."""
-    kv_events_silence_timeout: float = 10.0
+    kv_events_silence_timeout: float = ROUTING_DEFAULTS.silence_timeout_s
     max_num_seqs_in_flight: int = 4096
     """Engine requests (choices) admitted at once by this process; beyond it, 503 with Retry-After. 0: no limit."""
     request_timeout: float = 0.0

@@ -242,13 +242,79 @@ def test_silence_falls_back_to_approximate_and_events_bring_it_back(ctx: zmq.Con
         eventually(
             lambda: (publisher.publish(stored(PROMPTS[0])), held(index, PROMPTS[0]) == 6)[1], "connected", publisher
         )
-        subscriber.expect_events(0)  # a request stored blocks; no batch follows
+        subscriber.expect_events(0, subscriber.batches_received(0))  # a request stored blocks; no batch follows
         eventually(lambda: index.mode(0) == APPROXIMATE, "the silent engine marked approximate")
         assert held(index, PROMPTS[0]) == 0 and "no KV events" in index.status(0).reason
         status = subscriber.status(0)
         assert status is not None and status.silent
         publisher.publish(stored(PROMPTS[1]))
         eventually(lambda: index.mode(0) == ENGINE_HASHES and held(index, PROMPTS[1]) == 6, "events resumed", publisher)
+    finally:
+        subscriber.close()
+        publisher.close()
+
+
+def test_a_batch_that_came_before_the_first_output_meets_the_expectation(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """vLLM (and the mock) publish a step's events before its outputs: the batch holding a request's blocks is
+    often applied before the output that raises the expectation. That engine is not silent."""
+    publisher, subscriber, index = start(ctx, subscriber_binds=False, silence=0.3)
+    try:
+        eventually(
+            lambda: (publisher.publish(stored(PROMPTS[0])), held(index, PROMPTS[0]) == 6)[1], "connected", publisher
+        )
+        routed_at = subscriber.batches_received(0)
+        publisher.publish(stored(PROMPTS[1]))  # the request's blocks, published before its first output
+        eventually(lambda: held(index, PROMPTS[1]) == 6, "the request's batch")
+        subscriber.expect_events(0, routed_at)  # its first output: fewer cached tokens than full blocks
+        time.sleep(0.9)  # three silence timeouts
+        status = subscriber.status(0)
+        assert index.mode(0) == ENGINE_HASHES and status is not None and not status.silent
+        assert held(index, PROMPTS[1]) == 6
+    finally:
+        subscriber.close()
+        publisher.close()
+
+
+def test_no_subscription_polls_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """zmq.Poller.poll with no sockets returns at once: the thread must wait instead (it spun at half a core
+    with DP engines that publish no events)."""
+    calls = 0
+    real_poll = zmq.Poller.poll
+
+    def counting_poll(self: zmq.Poller, timeout: int | None = None) -> list:
+        nonlocal calls
+        calls += 1
+        return real_poll(self, timeout)
+
+    monkeypatch.setattr(zmq.Poller, "poll", counting_poll)
+    subscriber = KVEventSubscriber(PrefixIndex(1, CONFIG))
+    subscriber.start()
+    try:
+        time.sleep(0.35)
+    finally:
+        subscriber.close()
+    assert calls == 0
+
+
+def test_a_registered_endpoint_the_engine_bound_is_connected_to(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """vLLM resolves `tcp://*:0` to the engine's IP and port and registers that, which reads as an endpoint the
+    engine connects to: the subscriber's bind finds it taken and connects instead."""
+    port = free_port()
+    publisher = Publisher(ctx, bind=True, port=port, replay_port=None)  # the engine bound it
+    index = PrefixIndex(1, CONFIG)
+    subscriber = KVEventSubscriber(index)
+    endpoints = resolve_endpoints(
+        {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}, 0, "127.0.0.1", offset=False
+    )
+    assert endpoints is not None and endpoints.subscriber_binds
+    subscriber.add(0, endpoints, ENGINE_HASHES, "test")
+    subscriber.start()
+    try:
+        eventually(lambda: (publisher.publish(stored(PROMPTS[0])), held(index, PROMPTS[0]) == 6)[1], "connected")
+        status = subscriber.status(0)
+        assert status is not None and not status.subscriber_binds
     finally:
         subscriber.close()
         publisher.close()
