@@ -21,8 +21,10 @@ The engines: one mock engine process (`python -m pyfront.engine_client.mock_engi
 and KV events on `tcp://*:P` (every column but "approx"). N is `--cache-share` times one engine's share of the
 final working set (all conversations' last prompts, the shared system prompt once): each engine holds about a
 third of the working set, so no engine can hold every conversation, while a partition of the conversations over
-the engines fits. R makes a turn's uncached prefill (1-2k tokens) cost 10-20 ms and a whole late prompt
-(~30k) 300 ms, one prefill at a time per engine: TTFT is uncached prefill plus the queue behind it.
+the engines fits. R (`--prefill-tokens-per-ms`, 40: 40k tokens/s per engine) makes a turn's uncached prefill
+(1-2k tokens) cost 25-50 ms and a whole late prompt (~30k) 750 ms, one prefill at a time per engine: TTFT is
+uncached prefill plus the queue behind it (and, on a busy 2-core machine, some tens of ms of waiting for a
+core). At 40 the load-only column keeps its engines' prefill about 60 % busy: loaded, not saturated.
 
 The columns (a fresh mock and a fresh pyfront each, `pyfront serve --data-parallel-size 4
 --enable-prompt-tokens-details`, FEH on):
@@ -453,6 +455,8 @@ def run_column(column: str, setup: Setup, system: list[int], convs: list[Convers
         eng.stop(mock)
     metrics = {k: v - metrics0.get(k, 0.0) for k, v in metrics1.items() if not k.startswith("pyfront:routing_load")}
     row = summarize(column, records, stats0, stats1, cpu, metrics, modes, final_modes)
+    busy = [t / setup.prefill_rate / 1000 / cpu["wall_s"] for t in row["prefill_tokens_per_engine"]]
+    row["prefill_busy_mean"], row["prefill_busy_max"] = statistics.fmean(busy), max(busy)
     row["fe_idle_cpu_ms_per_s"] = 1000 * idle_cpu["fe_cpu_s"] / idle_cpu["wall_s"]
     row["fe_cpu_net_ms_per_request"] = (
         1000 * (cpu["fe_cpu_s"] - idle_cpu["fe_cpu_s"] / idle_cpu["wall_s"] * cpu["wall_s"]) / len(records)
@@ -547,6 +551,8 @@ def report(results: dict[str, list[dict[str, Any]]], header: list[str]) -> str:
         ("  mock's own count (hit / queried)", "mock_hit_rate", ".1%"),
         ("TTFT p50 (ms)", "ttft_p50_ms", ".1f"),
         ("TTFT p99 (ms)", "ttft_p99_ms", ".1f"),
+        ("engines' prefill busy time (mean)", "prefill_busy_mean", ".0%"),
+        ("  the busiest engine's", "prefill_busy_max", ".0%"),
         ("load spread: requests (max/mean)", "spread_requests", ".3f"),
         ("load spread: prefilled tokens (max/mean)", "spread_prefill", ".3f"),
         ("load spread: running x time (max/mean)", "spread_running", ".3f"),
@@ -631,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1.3,
         help="each engine's prefix cache, in units of one engine's share (1/4) of the final working set",
     )
-    p.add_argument("--prefill-tokens-per-ms", type=float, default=100.0, help="the mock's prefill rate per engine")
+    p.add_argument("--prefill-tokens-per-ms", type=float, default=40.0, help="the mock's prefill rate per engine")
     p.add_argument("--step-interval", type=float, default=0.02, help="the mock's decode step, s")
     p.add_argument("--columns", default=",".join(DEFAULT_COLUMNS), help=f"any of {','.join(COLUMNS)}")
     p.add_argument("--repeats", type=int, default=1)
