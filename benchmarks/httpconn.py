@@ -1,4 +1,4 @@
-"""One keep-alive HTTP/1.1 connection on asyncio streams: the client of benchmarks/loadgen.py and benchmarks/soak.py.
+"""One keep-alive HTTP/1.1 connection on asyncio streams: the client of benchmarks/loadgen.py, soak.py and routing.py.
 
 No HTTP library, on purpose. loadgen.py shares its core with the mock engine and must cost next to nothing, so it
 reads streamed bodies straight off the socket (``Conn.reader``) once the head is parsed here. soak.py must make
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 READ_LIMIT = 1 << 22  # StreamReader limit (both scripts had 4 MiB): longest line read, buffer before pausing reads
@@ -65,14 +65,15 @@ class Conn:
         *,
         accept: str | None = None,
         request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> float:
         """Write one request on the open connection and wait until the transport has taken it (so that a
         `close(reset=True)` right after cannot drop part of it). Returns the wall time just before the write:
         the send time that loadgen.py's latencies start from.
 
-        The headers: Host; for a body its JSON Content-Type; `Accept`; the body's Content-Length; `X-Request-Id`.
-        Each only where it applies, always in this order, so that a run's requests are the same bytes from one
-        version of the scripts to the next."""
+        The headers: Host; for a body its JSON Content-Type; `Accept`; the body's Content-Length; `X-Request-Id`;
+        then `headers` in their order (routing.py's `X-data-parallel-rank`). Each only where it applies, always in
+        this order, so that a run's requests are the same bytes from one version of the scripts to the next."""
         assert self.writer is not None
         head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
         if body is not None:
@@ -83,6 +84,8 @@ class Conn:
             head += f"Content-Length: {len(body)}\r\n"
         if request_id:
             head += f"X-Request-Id: {request_id}\r\n"
+        for name, value in (headers or {}).items():
+            head += f"{name}: {value}\r\n"
         data = head.encode() + b"\r\n" + (body or b"")
         sent = time.time()
         self.writer.write(data)
