@@ -431,6 +431,33 @@ def test_compose_pyfront_is_this_image_and_a_valid_command(compose: dict[str, An
     assert int(grace.rstrip("s")) > config.shutdown_timeout, "let SIGTERM drain before Docker's SIGKILL"
 
 
+def test_compose_host_is_compose_pyfront_on_the_host_network_for_engines_on_this_host(
+    compose: dict[str, Any],
+) -> None:
+    """docker/compose.host.yaml (the docker tier runs it): compose.yaml's pyfront, host network, a shared TMPDIR."""
+    yaml = pytest.importorskip("yaml")
+    raw = yaml.safe_load((COMPOSE.parent / "compose.host.yaml").read_text())
+    with pytest.raises(MissingVariable, match="PYFRONT_RUN_DIR"):
+        interpolate(raw, {"MODEL_DIR": "/srv/models/qwen3"})
+    env = {"MODEL_DIR": "/srv/models/qwen3", "PYFRONT_RUN_DIR": "/srv/pyfront-run"}
+    service = interpolate(raw, env)["services"]["pyfront"]
+    base = compose["services"]["pyfront"]
+    for key in ("build", "image", "init", "stop_grace_period"):
+        assert service[key] == base[key], f"compose.host.yaml's {key} differs from compose.yaml's"
+    assert service["network_mode"] == "host" and "ports" not in service, "host networking publishes no ports"
+    config = config_from_args(build_parser().parse_args(["serve", *as_list(service["command"])]))
+    assert config.model == pyfront_config(compose).model and config.host == "127.0.0.1"
+    assert config.data_parallel_address == "127.0.0.1", "engines on this host meet pyfront on loopback"
+    service_env = environment(service)
+    assert service_env["VLLM_NATIVE_FEH"] == "1"
+    assert service_env["PYFRONT_HEALTHCHECK_URL"] == f"http://127.0.0.1:{config.port}/health"
+    # Loopback engines get ipc sockets in pyfront's TMPDIR: it is mounted at the same path the engines open.
+    assert f"{env['PYFRONT_RUN_DIR']}:{service_env['TMPDIR']}" in service["volumes"]
+    assert service_env["TMPDIR"] == env["PYFRONT_RUN_DIR"]
+    grace = int(str(service["stop_grace_period"]).rstrip("s"))
+    assert grace > config.shutdown_timeout
+
+
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_compose_engines_are_headless_and_meet_pyfront(compose: dict[str, Any], name: str) -> None:
     services = compose["services"]
