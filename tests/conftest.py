@@ -51,6 +51,7 @@ OPT_IN_TIERS = {
     "chaos": ("--chaos", "run the chaos tier (engines and API servers killed)"),
     "fuzz": ("--fuzz", "run schemathesis against the POST routes (fuzz venv)"),
     "hostile": ("--hostile", "run the hostile-input tier (hand-written bad inputs)"),
+    "docker_tier": ("--docker", "build docker/Dockerfile and run the image and compose.yaml (a Docker engine)"),
 }
 """Each opt-in tier's marker: its command-line option and what it runs (markers are registered in pyproject)."""
 

