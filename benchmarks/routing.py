@@ -33,10 +33,7 @@ The columns (a fresh mock and a fresh pyfront each, `pyfront serve --data-parall
 - cache:  `--routing cache`, the engines' KV events;
 - approx: `--routing cache`, engines without KV events (pyfront's own record of where it sent prompts);
 - oracle: every conversation pinned to engine `conversation % 4` with `X-data-parallel-rank`
-  (`--routing load`: pyfront does no routing work);
-- approx-nospin (not run unless named in `--columns`): "approx" with a benchmark-side patch that stops
-  pyfront's KV event thread spinning when no engine has KV events (`pyfront_without_idle_spin`), to tell the
-  cost of that spin from the cost of approximate routing.
+  (`--routing load`: pyfront does no routing work).
 
 The figures (medians over `--repeats` when there are several):
 
@@ -86,7 +83,7 @@ from tools.real_engine import engine as eng  # noqa: E402
 
 DP = 4
 BLOCK = 16  # the mock's default block size (vLLM's on GPUs)
-COLUMNS = ("load", "cache", "approx", "oracle", "approx-nospin")
+COLUMNS = ("load", "cache", "approx", "oracle")
 DEFAULT_COLUMNS = ("load", "cache", "approx", "oracle")
 TOKEN_RANGE = (1000, 100_000)  # plain-text ids of the Qwen3 vocabulary, far from the special tokens
 TEXT_RE = re.compile(rb'"text":"[^"]')
@@ -330,30 +327,6 @@ def mock_wrapper(argv: list[str]) -> int:
     return 0
 
 
-def pyfront_without_idle_spin(argv: list[str]) -> int:
-    """`routing.py _nospin serve ...`: pyfront with one benchmark-side patch, for the "approx-nospin" column.
-
-    pyzmq's `Poller.poll(timeout)` returns at once when no socket is registered (pyzmq 27.3, libzmq 4.3.5), so
-    pyfront's KV event thread (engine_client/kv_subscriber.py `_run`), which polls every engine's SUB socket
-    with a 100 ms timeout, spins when no engine has KV events (every engine approximate): about half a core,
-    and the GIL taken from the event loop. The patch makes an empty poll sleep its timeout, as the thread
-    expects; nothing else changes."""
-    import zmq
-
-    from pyfront.server.cli import main as cli_main
-
-    poll = zmq.Poller.poll
-
-    def sleeping_poll(self: zmq.Poller, timeout: float | None = None) -> list[Any]:
-        if not self.sockets:
-            time.sleep((timeout if timeout is not None and timeout >= 0 else 100) / 1000)
-            return []
-        return poll(self, timeout)
-
-    zmq.Poller.poll = sleeping_poll  # type: ignore[method-assign]
-    return cli_main(argv)
-
-
 def mock_stats(handle: eng.Handle, stats_file: Path) -> list[dict[str, Any]]:
     before = stats_file.stat().st_mtime_ns if stats_file.exists() else 0
     os.kill(handle.pid, signal.SIGUSR1)
@@ -402,8 +375,7 @@ def run_column(column: str, setup: Setup, system: list[int], convs: list[Convers
     rpc, http = eng.free_port(), eng.free_port()
     fe_core, mock_core = ("1", "0") if setup.pin else (None, None)
     routing = "cache" if column.startswith(("cache", "approx")) else "load"
-    launch = [str(Path(__file__).resolve()), "_nospin"] if column == "approx-nospin" else ["-m", "pyfront.server.cli"]
-    fe_argv = [sys.executable, *launch, "serve", "--host", "127.0.0.1", "--port", str(http),
+    fe_argv = [sys.executable, "-m", "pyfront.server.cli", "serve", "--host", "127.0.0.1", "--port", str(http),
                "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc),
                "--data-parallel-size", str(DP), "--routing", routing, "--enable-prompt-tokens-details",
                "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]  # fmt: skip
@@ -544,7 +516,7 @@ def report(results: dict[str, list[dict[str, Any]]], header: list[str]) -> str:
     cols = [c for c in COLUMNS if c in results]
     med = {c: {k: median(results[c], k) for k in results[c][0]} for c in cols}
     names = {"load": "load-only", "cache": "cache-aware (KV events)", "approx": "cache-aware (approximate)",
-             "oracle": "oracle (pinned)", "approx-nospin": "approximate, no idle spin"}  # fmt: skip
+             "oracle": "oracle (pinned)"}  # fmt: skip
     rows = [
         ("prefix hit rate (cached / prompt tokens)", "hit_rate", ".1%"),
         ("  of the ideal (prev. prompt's full blocks)", "hit_of_ideal", ".1%"),
@@ -580,7 +552,7 @@ def report(results: dict[str, list[dict[str, Any]]], header: list[str]) -> str:
     def ratio(a: Any, b: Any) -> float | None:
         return a / b if a is not None and b else None
 
-    for c in ("cache", "approx", "approx-nospin"):
+    for c in ("cache", "approx"):
         if c not in med:
             continue
         m = med[c]
@@ -620,8 +592,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_mock"]:
         return mock_wrapper(argv[1:])
-    if argv[:1] == ["_nospin"]:
-        return pyfront_without_idle_spin(argv[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="16 conversations x 6 turns, think mean 1.5 s (2-3 minutes)")
     p.add_argument("--conversations", type=int, default=None, help="default 64 (16 with --quick)")
