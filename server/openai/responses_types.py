@@ -77,11 +77,14 @@ class TextConfig(Struct, kw_only=True):
 
 
 class ReasoningConfig(Struct, kw_only=True):
-    """``reasoning``: vLLM hands ``effort`` to the chat template (and turns thinking off for ``"none"``)."""
+    """``reasoning``: vLLM hands ``effort`` to the chat template (and turns thinking off for ``"none"``); the
+    response echoes every field, in this order."""
 
+    context: str | None = None
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: str | None = None
     generate_summary: str | None = None
+    mode: str | None = None
+    summary: str | None = None
 
 
 ToolChoiceMode = Literal["none", "auto", "required"]

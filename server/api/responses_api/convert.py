@@ -27,6 +27,7 @@ from pyfront.server.openai.responses_types import (
     ItemContent,
     NamedResponsesToolChoice,
     ResponsesRequest,
+    ResponsesTool,
 )
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
@@ -216,13 +217,24 @@ def output_text(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, A
     return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
 
 
+# The null fields below (phase, async, caller, allowed_callers, output_schema, ...) are those of the openai
+# package vLLM 0.32 dumps its items with: its pydantic models write every field.
+
+
 def message_item(item_id: str, parts: list[dict[str, Any]], status: str) -> dict[str, Any]:
-    return {"id": item_id, "content": parts, "role": "assistant", "status": status, "type": "message"}
+    return {"id": item_id, "content": parts, "role": "assistant", "status": status, "type": "message", "phase": None}
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
     return {"arguments": arguments, "call_id": call_id, "name": name, "type": "function_call", "id": item_id,
-            "namespace": None, "status": status}  # fmt: skip
+            "async": None, "caller": None, "namespace": None, "status": status}  # fmt: skip
+
+
+def tool_object(tool: ResponsesTool) -> dict[str, Any]:
+    """A request tool as the response echoes it."""
+    return {"name": tool.name, "parameters": tool.parameters, "strict": tool.strict, "type": tool.type,
+            "allowed_callers": None, "async": None, "defer_loading": None, "description": tool.description,
+            "output_schema": None}  # fmt: skip
 
 
 def output_logprobs(state: ServingState, body: ResponsesRequest, chat: ChatCompletionRequest,
@@ -312,7 +324,7 @@ def response_object(
         "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
         "temperature": params.temperature,
         "tool_choice": {"name": choice.name, "type": choice.type} if not isinstance(choice, str) else choice,
-        "tools": [msgspec.to_builtins(tool) for tool in body.tools or ()],
+        "tools": [tool_object(tool) for tool in body.tools or ()],
         "top_p": params.top_p,
         "background": bool(body.background),
         "max_output_tokens": params.max_tokens,
