@@ -26,17 +26,24 @@ _REQUEST_BODY = {
 }
 
 
+_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+
+
 def add_responses_routes(app: FastAPI, state: ServingState, config: ServerConfig, store: ResponseStore) -> None:
     @app.post("/v1/responses", openapi_extra=_REQUEST_BODY)
     async def create_response(request: Request) -> Response:
         return await responses_response(store, state, config, await request.body(), RequestHeaders(request.scope))
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str, stream: bool = False) -> Response:
+    async def retrieve_response(response_id: str, request: Request) -> Response:
+        # The query is read here, not by FastAPI, so that a bad value is an OpenAI error (not FastAPI's 422).
+        stream = request.query_params.get("stream", "false").lower()
+        if stream not in _BOOLEANS:
+            raise APIError(400, f"Invalid value for 'stream': {stream!r} is not a boolean.", param="stream")
         entry = store.get(response_id)
         if entry is None:
             raise not_found(store, response_id, "response_id")
-        if stream:
+        if _BOOLEANS[stream]:
             raise APIError(400, "Only background responses can be streamed again; this server runs none.",
                            param="stream")  # fmt: skip
         return json_response(entry.body)

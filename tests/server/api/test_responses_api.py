@@ -207,6 +207,10 @@ async def test_stored_responses_get_delete_and_cancel(
     response = await client.responses.create(model=MODEL, input="hi")
     got = await client.responses.retrieve(response.id)
     assert got.model_dump() == response.model_dump()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for query, status in (("stream=maybe", 400), ("stream=true", 400), ("stream=false", 200)):
+            r = await http.get(f"/v1/responses/{response.id}?{query}")
+            assert r.status_code == status and (status == 200 or r.json()["error"]["param"] == "stream"), r.text
     with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
         await client.responses.cancel(response.id)
     await client.responses.delete(response.id)
