@@ -7,10 +7,10 @@ Both front ends run with ``--tool-call-parser hermes --enable-auto-tool-choice -
 response store on (vLLM: ``VLLM_ENABLE_RESPONSES_API_STORE=1``; pyfront: ``--enable-responses-store``), each
 against a mock engine scripted with the same outputs, and get the same requests in the same order: text with
 reasoning, one and two function calls, a function_call_output turn, thinking off (by chat_template_kwargs and
-by ``reasoning.effort``), a cut-off answer, ``text.format`` json_schema, a previous_response_id chain, the stored
-responses by id, and refusals. The whole response bodies and the streamed event sequences must be equal up to
-ids and timestamps; each deliberate difference is pinned below with its reason. Raw answers are kept in
-tmp_path/answers-*.json.
+by ``reasoning.effort``), a cut-off answer, output logprobs, ``text.format`` json_schema, a previous_response_id
+chain, the stored responses by id, and refusals. The whole response bodies and the streamed event sequences
+must be equal up to ids and timestamps; each deliberate difference is pinned below with its reason. Raw answers
+are kept in tmp_path/answers-*.json.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
                     "Paris is the capital of France."),
     "cut_off": ({"input": "Count.", "max_output_tokens": 6},
                 "<think>\nCounting.\n</think>\n\nOne two three four five six seven."),
+    "logprobs": ({"input": "Hi?", "include": ["message.output_text.logprobs"], "top_logprobs": 2},
+                 "<think>\nShort.\n</think>\n\nHello there, friend."),
     "json_schema": ({"input": "City?", "text": {"format": {"type": "json_schema", "name": "city",
                                                           "schema": CITY_SCHEMA}}},
                     '<think>\nJSON.\n</think>\n\n{"city": "Paris"}'),
@@ -191,6 +193,16 @@ def test_responses_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeni
             # non-streamed answer has none, and pyfront's stream is its non-streamed answer.
             assert vllm[f"{name}/stream"] != ours[f"{name}/stream"], name
             assert _without_whitespace_messages(vllm[f"{name}/stream"]) == ours[f"{name}/stream"], name
+        elif name == "logprobs":
+            # vLLM 0.32 attaches an engine output's logprobs to the content delta it produced, and its output
+            # processor merges the outputs that arrive while it is busy: the reasoning tokens that came in one
+            # output with the first content token then ride along (timing). pyfront's outputs are the engine's
+            # own, one token each here; the content's logprobs must end vLLM's, the rest be reasoning tokens.
+            trimmed: list[str] = []
+            assert _trim_logprobs(vllm[f"{name}/stream"], ours[f"{name}/stream"], trimmed) == ours[f"{name}/stream"]
+            full_tokens = [lp["token"] for lp in vllm[f"{name}/full"]["output"][1]["content"][0]["logprobs"]]
+            reasoning_tokens = full_tokens[: full_tokens.index("</think>") + 1]
+            assert all(token in reasoning_tokens for token in trimmed), trimmed
         else:
             assert ours[f"{name}/stream"] == vllm[f"{name}/stream"], name
     assert ours["text/get"] == ours["text/full"] and vllm["text/get"] == vllm["text/full"]
@@ -221,6 +233,24 @@ def test_responses_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeni
 
 
 VLLM_STREAMS_WHITESPACE_BEFORE_CALLS = {"one_call", "two_calls"}
+
+
+def _trim_logprobs(theirs: Any, ours: Any, trimmed: list[str]) -> Any:
+    """`theirs` with each logprobs list that ends with ours cut to ours (the cut tokens go to `trimmed`)."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        out = {}
+        for key, value in theirs.items():
+            mine = ours.get(key)
+            if (key == "logprobs" and isinstance(value, list) and isinstance(mine, list) and mine
+                    and len(value) > len(mine) and value[-len(mine) :] == mine):  # fmt: skip
+                trimmed += [lp["token"] for lp in value[: -len(mine)]]
+                out[key] = mine
+            else:
+                out[key] = _trim_logprobs(value, mine, trimmed)
+        return out
+    if isinstance(theirs, list) and isinstance(ours, list) and len(theirs) == len(ours):
+        return [_trim_logprobs(t, o, trimmed) for t, o in zip(theirs, ours, strict=True)]
+    return theirs
 
 
 def _without_whitespace_messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
