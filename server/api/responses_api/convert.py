@@ -88,7 +88,7 @@ def append_items(messages: list[ChatMessage], items: Sequence[InputItem]) -> Non
         prev = _last_assistant(messages)
         if kind == "function_call":
             assert item.call_id is not None and item.name is not None and item.arguments is not None  # checked
-            name = f"{item.namespace}.{item.name}" if item.namespace else item.name
+            name = f"{item.namespace}__{item.name}" if item.namespace else item.name  # vLLM's flat namespaced name
             call = ChatToolCall(id=item.call_id, function=FunctionCall(name=name, arguments=item.arguments))
             if prev is not None:
                 prev.tool_calls = [*(prev.tool_calls or []), call]
