@@ -20,6 +20,8 @@ from pyfront.server.api.lane import FastLane, PyfrontApp
 from pyfront.server.api.middleware import user_middleware
 from pyfront.server.api.openapi import add_offline_docs
 from pyfront.server.api.responses import add_error_handlers
+from pyfront.server.api.responses_api.routes import add_responses_routes
+from pyfront.server.api.responses_api.store import ResponseStore, store_enabled_by_env
 from pyfront.server.api.routes import PYFRONT_VERSION, add_routes
 from pyfront.server.chat.parsers import (
     AUTO_TOOL_PARSER,
@@ -127,8 +129,13 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 mock.stop()
 
     # FastAPI's own /docs and /redoc load their assets from a CDN: api.openapi serves them locally instead.
+    responses_store = ResponseStore(
+        enabled=config.enable_responses_store or store_enabled_by_env(),
+        max_responses=config.responses_store_max_responses,
+        max_bytes=config.responses_store_max_bytes,
+    )
     app = PyfrontApp(
-        FastLane(state, config),
+        FastLane(state, config, responses_store),
         middleware=user_middleware(config),
         title="pyfront",
         version=PYFRONT_VERSION,
@@ -143,5 +150,6 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     app.state.serving = state
     app.state.config = config
     add_routes(app, state, config)
+    add_responses_routes(app, state, config, responses_store)
     add_error_handlers(app, state)
     return app

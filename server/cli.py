@@ -285,6 +285,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="usage.prompt_tokens_details.cached_tokens in responses",
     )
     serve.add_argument(
+        "--enable-responses-store",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="keep /v1/responses answers for previous_response_id and GET (or VLLM_ENABLE_RESPONSES_API_STORE=1)",
+    )
+    serve.add_argument(
+        "--responses-store-max-responses",
+        type=positive_int,
+        default=1000,
+        help="stored responses at most (least recently used evicted first)",
+    )
+    serve.add_argument(
+        "--responses-store-max-bytes",
+        type=positive_int,
+        default=256 * 1024 * 1024,
+        help="bytes of stored responses at most (least recently used evicted first)",
+    )
+    serve.add_argument(
         "--disable-fastapi-docs",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -485,6 +503,9 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         enable_log_requests=args.enable_log_requests,
         enable_request_id_headers=args.enable_request_id_headers,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_responses_store=args.enable_responses_store,
+        responses_store_max_responses=args.responses_store_max_responses,
+        responses_store_max_bytes=args.responses_store_max_bytes,
         disable_fastapi_docs=args.disable_fastapi_docs,
         root_path=args.root_path,
         uds=args.uds,

@@ -144,6 +144,12 @@ class ServerConfig:
     ssl_cert_reqs: int = 0
     """ssl.CERT_NONE (0), CERT_OPTIONAL (1) or CERT_REQUIRED (2): whether clients must show a certificate."""
     enable_prompt_tokens_details: bool = False
+    enable_responses_store: bool = False
+    """Keep /v1/responses answers for previous_response_id and GET (also on with VLLM_ENABLE_RESPONSES_API_STORE=1)."""
+    responses_store_max_responses: int = 1000
+    """Stored responses at most; beyond it the least recently used is evicted."""
+    responses_store_max_bytes: int = 256 * 1024 * 1024
+    """Bytes of stored responses at most (bodies, messages, prompt text and ids); LRU eviction beyond it."""
     """usage.prompt_tokens_details.cached_tokens from the engine's num_cached_tokens (vLLM's flag of the same name)."""
 
     @property

@@ -1,10 +1,11 @@
-"""The fast lane: the two completion routes straight from the server, around FastAPI's own stack."""
+"""The fast lane: the generating routes straight from the server, around FastAPI's own stack."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+import functools
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI
@@ -15,16 +16,20 @@ from pyfront.server.api.chat.handler import chat_response
 from pyfront.server.api.completions.handler import completion_response
 from pyfront.server.api.request import RequestHeaders, read_body
 from pyfront.server.api.responses import exception_response
+from pyfront.server.api.responses_api.handler import responses_response
+from pyfront.server.api.responses_api.store import ResponseStore
 from pyfront.server.api.sse import DONE_FRAME
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import FORCED_EXIT, error_response, sse_error_frame
 from pyfront.server.state import ServingState
 
+_Handler = Callable[[ServingState, ServerConfig, bytes, RequestHeaders], Coroutine[Any, Any, Response]]
+
 
 class FastLane:
-    """POST /v1/chat/completions and /v1/completions straight from the server, around FastAPI's stack.
+    """POST /v1/chat/completions, /v1/completions and /v1/responses straight from the server, around FastAPI's stack.
 
-    These two routes carry every token; through FastAPI each `send` of a streamed frame passed several
+    These routes carry every token; through FastAPI each `send` of a streamed frame passed several
     middleware wrappers (error, exception, body-limit and telemetry layers) and each request a dozen
     more calls. Here a request costs one dispatch and frames go to the server's own `send`. Behaviour is
     the same as through FastAPI: the same handlers (chat_response / completion_response), the same
@@ -32,10 +37,14 @@ class FastLane:
     mapped to the same OpenAI error bodies (`exception_response`).
     """
 
-    def __init__(self, state: ServingState, config: ServerConfig) -> None:
+    def __init__(self, state: ServingState, config: ServerConfig, responses_store: ResponseStore) -> None:
         self.state = state
         self.config = config
-        self.handlers = {"/v1/chat/completions": chat_response, "/v1/completions": completion_response}
+        self.handlers: dict[str, _Handler] = {
+            "/v1/chat/completions": chat_response,
+            "/v1/completions": completion_response,
+            "/v1/responses": functools.partial(responses_response, responses_store),
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state

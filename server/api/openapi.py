@@ -93,7 +93,8 @@ class ChatChoice(_Doc):
 
 
 class ChatCompletionResponse(_Doc):
-    """`stream: true` answers with `text/event-stream` chunks of `object: chat.completion.chunk` instead."""
+    """`stream: true` answers with `text/event-stream` chunks of `object: chat.completion.chunk` instead, then
+    `data: [DONE]`."""
 
     id: str
     object: str
@@ -114,7 +115,8 @@ class CompletionChoice(_Doc):
 
 
 class CompletionResponse(_Doc):
-    """`stream: true` answers with `text/event-stream` chunks of `object: text_completion` instead."""
+    """`stream: true` answers with `text/event-stream` chunks of `object: text_completion` instead, then
+    `data: [DONE]`."""
 
     id: str
     object: str
@@ -151,9 +153,48 @@ class DetokenizeResponse(_Doc):
     prompt: str
 
 
+class ResponseObject(_Doc):
+    """POST /v1/responses (and GET /v1/responses/{id}): vLLM 0.32's ResponsesResponse. `stream: true` answers
+    with `text/event-stream` events (`event: <type>`, `data: {...}`) ending with `response.completed`."""
+
+    id: str
+    created_at: int
+    incomplete_details: dict[str, Any] | None
+    instructions: str | None
+    metadata: dict[str, str] | None
+    model: str
+    object: str
+    output: list[dict[str, Any]]
+    parallel_tool_calls: bool
+    temperature: float
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    top_p: float
+    background: bool
+    max_output_tokens: int | None
+    max_tool_calls: int | None
+    previous_response_id: str | None
+    prompt: dict[str, Any] | None
+    reasoning: dict[str, Any] | None
+    service_tier: str
+    status: str
+    text: dict[str, Any] | None
+    top_logprobs: int | None
+    truncation: str
+    usage: dict[str, Any] | None
+    user: str | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    kv_transfer_params: dict[str, Any] | None
+    ec_transfer_params: dict[str, Any] | None
+    input_messages: list[Any] | None
+    output_messages: list[Any] | None
+
+
 RESPONSES: dict[tuple[str, str], tuple[type[Struct], bool]] = {
     ("post", "/v1/chat/completions"): (ChatCompletionResponse, True),
     ("post", "/v1/completions"): (CompletionResponse, True),
+    ("post", "/v1/responses"): (ResponseObject, True),
     ("get", "/v1/models"): (ModelList, False),
     ("post", "/tokenize"): (TokenizeResponse, False),
     ("post", "/detokenize"): (DetokenizeResponse, False),
@@ -179,7 +220,7 @@ def add_response_schemas(schema: dict[str, Any]) -> None:
         ok: dict[str, Any] = {"description": "the answer", "content": _json(cls.__name__)}
         if streams:
             ok["content"]["text/event-stream"] = {
-                "schema": {"type": "string", "description": "SSE chunks, then [DONE]"}
+                "schema": {"type": "string", "description": "SSE events (see the 200 body's description)"}
             }
         operation["responses"] = {"200": ok, "4XX": error, "5XX": error}
 

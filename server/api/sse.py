@@ -18,6 +18,8 @@ import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from pyfront.server.errors import sse_error_frame
+
 if TYPE_CHECKING:
     from pyfront.engine_client.protocol import EngineCoreOutput
     from pyfront.server.generate.generation import Choice
@@ -26,6 +28,11 @@ DONE_FRAME = b"data: [DONE]\n\n"
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 """An SSE comment: keeps proxies and clients from timing out a stream that is waiting for its engine."""
 _encode = msgspec.json.encode
+
+
+def error_frames(status: int, message: str) -> bytes:
+    """The chat and completion streams' end after an error: the error as an event (as vLLM), then [DONE]."""
+    return sse_error_frame(status, message) + DONE_FRAME
 
 
 def frame(obj: object) -> bytes:
@@ -54,7 +61,7 @@ class ContentTemplate:
 
 
 class Frames(Protocol):
-    """Renders one streamed response's SSE frames (api.chat.frames.ChatFrames, api.completions.frames.CompletionFrames).
+    """Renders one streamed response's SSE frames (ChatFrames, CompletionFrames, api.responses_api.frames).
 
     Both streaming paths (api.streaming.stream_frames and api.push.PushStream) drive the same `output` per
     engine output, so a response is byte-for-byte the same whichever path carries it.
@@ -66,6 +73,10 @@ class Frames(Protocol):
 
     def closing(self) -> bytes:
         """The last frames: the usage chunk when asked for, and [DONE]."""
+        ...
+
+    def error(self, status: int, message: str) -> bytes:
+        """The last frames of a stream that failed after it started (the headers are gone)."""
         ...
 
 

@@ -19,6 +19,7 @@ import msgspec
 from msgspec import Struct
 
 from pyfront.server.errors import RequestValidationError
+from pyfront.server.openai.responses_types import ResponsesRequest
 from pyfront.server.openai.types import (
     INT64_MAX,
     ChatCompletionRequest,
@@ -26,7 +27,13 @@ from pyfront.server.openai.types import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from pyfront.server.openai.validate import _check_chat, _check_chat_template, _check_completion, _check_messages
+from pyfront.server.openai.validate import (
+    _check_chat,
+    _check_chat_template,
+    _check_completion,
+    _check_messages,
+    check_responses,
+)
 
 _T = TypeVar("_T", bound=Struct)
 
@@ -41,6 +48,9 @@ _TOKENIZE_DECODER = msgspec.json.Decoder(TokenizeRequest, strict=False)
 
 
 _DETOKENIZE_DECODER = msgspec.json.Decoder(DetokenizeRequest, strict=False)
+
+
+_RESPONSES_DECODER = msgspec.json.Decoder(ResponsesRequest, strict=False)
 
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -136,6 +146,16 @@ def decode_tokenize_request(
     if request.add_generation_prompt is None:
         request.add_generation_prompt = True
     _check_chat_template(request.chat_template, request.chat_template_kwargs, allow_request_chat_template)
+    return request
+
+
+def decode_responses_request(body: bytes | bytearray | memoryview | str) -> ResponsesRequest:
+    """Parse and check a ``/v1/responses`` body; RequestValidationError (HTTP 400) on any problem.
+
+    The chat checks run later, on the chat request the body becomes (they need the stored history).
+    """
+    request = _decode(_RESPONSES_DECODER, body)
+    check_responses(request)
     return request
 
 

@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET
 
 from pyfront.server.errors import RequestValidationError
+from pyfront.server.openai.responses_types import InputItem, NamedResponsesToolChoice, ResponsesRequest
 from pyfront.server.openai.types import (
     _CACHE_SALT_FORBIDDEN,
     _MAX_CACHE_SALT_LENGTH,
@@ -520,3 +521,139 @@ def _check_prompt_list(prompt: list[str | int | list[int]]) -> None:
 
 # --------------------------------------------------------------------------------------
 # Helpers for the server
+
+
+# --------------------------------------------------------------------------------------
+# POST /v1/responses (vLLM 0.32's ResponsesRequest validators)
+
+_INCLUDE_VALUES = frozenset(
+    (
+        "code_interpreter_call.outputs",
+        "computer_call_output.output.image_url",
+        "file_search_call.results",
+        "message.input_image.image_url",
+        "message.output_text.logprobs",
+        "reasoning.encrypted_content",
+    )
+)
+"""vLLM's ``include`` literals: accepted (only the logprobs entry changes anything); others are refused."""
+
+
+_ITEM_TYPES = frozenset(("message", "function_call", "function_call_output", "reasoning"))
+
+
+def check_responses(r: ResponsesRequest) -> None:
+    """The Responses checks that need no conversion; the converted chat request gets the chat checks
+    (:func:`check_responses_chat`)."""
+    if r.prompt is not UNSET and r.prompt is not None:
+        raise RequestValidationError("prompt template is not supported", "prompt")
+    if r.background:
+        if r.store is False:
+            raise RequestValidationError("background can only be used when `store` is true", "background")
+        raise RequestValidationError("background mode is not supported by this server.", "background")
+    if r.previous_input_messages is not UNSET and r.previous_input_messages is not None:
+        raise RequestValidationError(
+            "`previous_input_messages` is only supported for gpt-oss (harmony) models.", "previous_input_messages"
+        )
+    if r.enable_response_messages:
+        raise RequestValidationError(
+            "`enable_response_messages` is only supported for gpt-oss (harmony) models.", "enable_response_messages"
+        )
+    for value in r.include or ():
+        if value not in _INCLUDE_VALUES:
+            raise RequestValidationError(f"Unsupported value in `include`: {value!r}.", "include")
+    if r.max_output_tokens is not None and r.max_output_tokens < 1:
+        raise RequestValidationError(
+            f"max_output_tokens must be at least 1, got {r.max_output_tokens}.", "max_output_tokens"
+        )
+    if r.top_logprobs is not None and not 0 <= r.top_logprobs <= MAX_LOGPROBS:
+        raise RequestValidationError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {r.top_logprobs}.",
+                                     "top_logprobs")  # fmt: skip
+    if r.text is not None and r.text.format is not None:
+        if r.structured_outputs is not None:
+            raise RequestValidationError("Cannot specify both structured_outputs and text.format", "structured_outputs")
+        if r.text.format.type == "json_schema" and r.text.format.schema is None:
+            raise RequestValidationError("Missing required parameter: 'text.format.schema'.", "text.format.schema")
+    _check_responses_tools(r)
+    if isinstance(r.input, list):
+        _check_input_items(r.input)
+
+
+def _check_responses_tools(r: ResponsesRequest) -> None:
+    """Function tools only (vLLM drops the built-in ones from the prompt unless a tool server runs them)."""
+    tools = r.tools or []
+    for i, tool in enumerate(tools):
+        if tool.type != "function":
+            raise RequestValidationError(
+                f"Tool type {tool.type!r} is not supported by this server: only 'function' tools are.",
+                f"tools[{i}].type",
+            )
+        if not tool.name:
+            raise RequestValidationError("Missing required parameter: 'name'.", f"tools[{i}].name")
+    choice = r.tool_choice
+    named = isinstance(choice, NamedResponsesToolChoice)
+    if not tools:
+        if choice == "required":
+            raise RequestValidationError(
+                "Tool choice 'required' must be specified with 'tools' parameter.", "tool_choice"
+            )
+        if named:
+            raise RequestValidationError("Tool choice 'function' not found in 'tools' parameter.", "tool_choice")
+        r.tool_choice = "none"
+    elif isinstance(choice, NamedResponsesToolChoice):
+        if choice.type != "function":
+            raise RequestValidationError(
+                f"Tool choice type {choice.type!r} is not supported: only 'function' is.", "tool_choice.type"
+            )
+        if not choice.name or not any(tool.name == choice.name for tool in tools):
+            raise RequestValidationError("Tool choice 'function' not found in 'tools' parameter.", "tool_choice")
+
+
+def _check_input_items(items: list[InputItem]) -> None:
+    if not items:
+        raise RequestValidationError("input must contain at least one item.", "input")
+    for i, item in enumerate(items):
+        kind = item.type or "message"
+        if kind not in _ITEM_TYPES:
+            raise RequestValidationError(f"Unsupported input item type: {kind}", f"input[{i}].type")
+        required: tuple[str, ...] = ()
+        if kind == "message":
+            required = ("role", "content")
+        elif kind == "function_call":
+            required = ("call_id", "name", "arguments")
+        elif kind == "function_call_output":
+            required = ("call_id", "output")
+        for name in required:
+            if getattr(item, name) is None:
+                raise RequestValidationError(f"Missing required parameter: '{name}'.", f"input[{i}].{name}")
+        if kind == "reasoning" and item.encrypted_content:
+            raise RequestValidationError("Encrypted content is not supported.", f"input[{i}].encrypted_content")
+        parts = item.content if isinstance(item.content, list) else []
+        if isinstance(item.output, list):
+            parts = parts + item.output
+        for j, part in enumerate(parts):
+            if part.text is None:
+                raise RequestValidationError(
+                    f"Only text content parts are supported, got type '{part.type}'.", f"input[{i}].content[{j}]"
+                )
+
+
+_CHAT_PARAMS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "tool_choice.function.name": "tool_choice.name",
+}
+"""The converted chat request's field names that the client knows under another name."""
+
+
+def check_responses_chat(chat: ChatCompletionRequest, allow_request_chat_template: bool) -> None:
+    """The chat checks on a converted Responses request, the failing field named as the client sent it."""
+    try:
+        _check_chat(chat, allow_request_chat_template)
+    except RequestValidationError as exc:
+        param = exc.param
+        if param is not None:
+            head = param.split("[", 1)[0].split(".", 1)[0]
+            param = _CHAT_PARAMS.get(param) or (_CHAT_PARAMS[head] if head == "messages" else param)
+        raise RequestValidationError(exc.message, param) from None

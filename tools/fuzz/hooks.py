@@ -8,7 +8,8 @@ visible to them, so they are checked here:
   nothing else. A body from a framework's default handler (`{"detail": ...}`, a text page), a code that
   disagrees with the status, or an empty message is a failure even when the status is a right 4xx.
 - `sse_stream_framing`: a 200 event stream is `data: <JSON object>` events (comments allowed) ending with
-  `data: [DONE]` and nothing after it. An error inside a started stream is an event with the same error
+  `data: [DONE]` and nothing after it (POST /v1/responses: `event:` + `data:` events numbered from 0, ending
+  with `response.completed` or an `error` event). An error inside a started stream is an event with the same error
   object; one with a 5xx code is the stream's form of a server error (the status is already 200, so
   `not_a_server_error` cannot see it) and fails here. Streams that schemathesis cut short (its
   `max-stream-events`, or the request timeout) are only checked up to where they were cut.
@@ -88,6 +89,9 @@ def sse_stream_framing(ctx: CheckContext, response: Response, case: Case) -> boo
         return None
     text = response.content.decode("utf-8", errors="strict")
     events = [event for event in text.replace("\r\n", "\n").split("\n\n") if event.strip()]
+    named = [event for event in events if not event.startswith(":")]
+    if named and named[0].startswith("event: "):
+        return _responses_stream_framing(named, response.stream_cut_short)
     done = False
     for event in events:
         lines = [line for line in event.split("\n") if not line.startswith(":")]  # keep-alive comments
@@ -116,6 +120,41 @@ def sse_stream_framing(ctx: CheckContext, response: Response, case: Case) -> boo
     if not done and not response.stream_cut_short:
         raise AssertionError(f"the stream ended without data: [DONE] ({len(events)} events)")
     return None
+
+
+_SERVER_ERROR_TYPES = frozenset({"InternalServerError", "ServiceUnavailableError", "GatewayTimeoutError"})
+"""The `code` of a Responses `error` event for a 5xx (pyfront's error types, server/errors.py)."""
+
+
+def _responses_stream_framing(events: list[str], cut_short: bool) -> None:
+    """POST /v1/responses' stream (OpenAI's and vLLM's): `event: <type>` + `data: <JSON>` events, the data's type
+    the event's name, sequence_number 0, 1, ...; it ends with `response.completed` or an `error` event (no
+    [DONE]); an error event for a 5xx is a server error."""
+    ended = None
+    for number, event in enumerate(events):
+        lines = [line for line in event.split("\n") if not line.startswith(":")]
+        if ended is not None:
+            raise AssertionError(f"an event after {ended}: {event[:200]!r}")
+        if len(lines) != 2 or not lines[0].startswith("event: ") or not lines[1].startswith("data: "):
+            raise AssertionError(f"an event that is not 'event: ' and 'data: ' lines: {event[:200]!r}")
+        name = lines[0][len("event: ") :]
+        try:
+            data = json.loads(lines[1][len("data: ") :])
+        except ValueError:
+            raise AssertionError(f"an event whose data is not JSON: {event[:200]!r}") from None
+        if not isinstance(data, dict) or data.get("type") != name or data.get("sequence_number") != number:
+            raise AssertionError(
+                f"event {number} is not its name's type with sequence_number {number}: {event[:200]!r}"
+            )
+        if name == "error":
+            if not isinstance(data.get("message"), str) or not data["message"].strip():
+                raise AssertionError(f"an error event without a message: {event[:300]!r}")
+            if data.get("code") in _SERVER_ERROR_TYPES:
+                raise AssertionError(f"a server error inside the stream: {event[:300]!r}")
+        if name in ("response.completed", "error"):
+            ended = name
+    if ended is None and not cut_short:
+        raise AssertionError(f"the stream ended without response.completed or an error event ({len(events)} events)")
 
 
 @schemathesis.check

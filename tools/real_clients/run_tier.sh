@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run pyfront's opt-in real-client test tier (tests/tiers/test_real_clients.py): the openai SDK, lm-eval and
-# guidellm against pyfront, next to vLLM 0.32's own front end on the same kind of engine.
+# Run pyfront's opt-in real-client test tier (tests/tiers/test_real_clients.py, test_real_clients_agents.py): the
+# openai SDK, lm-eval, guidellm and the OpenAI Agents SDK against pyfront, next to vLLM 0.32's own front end on the
+# same kind of engine.
 #
 # Usage: tools/real_clients/run_tier.sh [extra pytest args]
 #   Sets up the clients venv (tools/real_clients/setup_venv.sh: idempotent, a few seconds when complete) and
@@ -26,4 +27,5 @@ export PYFRONT_CLIENTS_VENV="$clients" PYFRONT_VLLM_VENV="$vllm"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 # -rP: the tests print their figures (lm-eval samples identical per request type, guidellm latencies).
-"$PY" -m pytest -q -rP --real-clients -m real_clients --durations=0 tests/tiers/test_real_clients.py "$@"
+"$PY" -m pytest -q -rP --real-clients -m real_clients --durations=0 tests/tiers/test_real_clients.py \
+    tests/tiers/test_real_clients_agents.py "$@"

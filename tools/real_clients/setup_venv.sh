@@ -28,6 +28,7 @@ PINS=(
     "openai==3.57.0"
     "pydantic==2.14.4"
     "guidellm==0.8.1"
+    "openai-agents==0.24.0"
 )
 STAMP_NAME=.pyfront-clients-venv.stamp
 STAMP_CONTENT="pyfront real_clients/setup_venv.sh v${SCRIPT_VERSION} ${PINS[*]}"
@@ -41,7 +42,7 @@ verify() {
     local vpy="$VENV/bin/python" out
     out=$(HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$vpy" - <<'EOF' 2>&1
 import importlib.metadata as m
-import torch, lm_eval.models.openai_completions, openai, pydantic, guidellm, transformers  # noqa: F401
+import torch, lm_eval.models.openai_completions, openai, pydantic, guidellm, transformers, agents  # noqa: F401
 assert torch.__version__.endswith("+cpu"), f"torch {torch.__version__} is not the +cpu build"
 cuda = [d.metadata["Name"] for d in m.distributions() if d.metadata["Name"].lower().startswith("nvidia-")]
 assert not cuda, f"CUDA wheels installed: {cuda}"

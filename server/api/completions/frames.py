@@ -8,7 +8,7 @@ from pyfront.engine_client.protocol import (
     EngineCoreOutput,
 )
 from pyfront.server.api.completions.convert import CompletionBatch, completion_choice_logprobs
-from pyfront.server.api.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
+from pyfront.server.api.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, error_frames, frame
 from pyfront.server.generate.generation import Choice, choice_rows
 from pyfront.server.openai.types import (
     CompletionRequest,
@@ -93,3 +93,6 @@ class CompletionFrames:
         if self.include_usage:
             return frame({**self.head, "choices": [], "usage": self.batch.usage(streamed=True)}) + DONE_FRAME
         return DONE_FRAME
+
+    def error(self, status: int, message: str) -> bytes:
+        return error_frames(status, message)

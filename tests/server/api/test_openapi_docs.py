@@ -52,6 +52,9 @@ def test_real_answers_fit_the_documented_schemas(harness: Harness) -> None:
             ("post", "/v1/completions"): client.post(
                 "/v1/completions", json={"model": MODEL, "prompt": "hi", "echo": True, "logprobs": 1, "max_tokens": 2}
             ),
+            ("post", "/v1/responses"): client.post(
+                "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 3}
+            ),
             ("get", "/v1/models"): client.get("/v1/models"),
             ("post", "/tokenize"): client.post("/tokenize", json={"model": MODEL, "prompt": "hi"}),
             ("post", "/detokenize"): client.post("/detokenize", json={"model": MODEL, "tokens": [9707]}),

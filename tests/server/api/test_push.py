@@ -20,7 +20,7 @@ import pytest
 from pyfront.engine_client.client import RequestAbortedError, RequestStream
 from pyfront.engine_client.protocol import EngineCoreOutput, FinishReason
 from pyfront.server.api.push import PushStream
-from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME
+from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME, error_frames
 from pyfront.server.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
@@ -69,6 +69,9 @@ class FakeFrames:
 
     def closing(self) -> bytes:
         return b"closing\n" + DONE_FRAME
+
+    def error(self, status: int, message: str) -> bytes:
+        return error_frames(status, message)
 
 
 class FakeSend:
