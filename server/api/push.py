@@ -11,8 +11,8 @@ from starlette.types import Message, Send
 
 from pyfront.engine_client.client import RequestAbortedError, release_waiter
 from pyfront.engine_client.protocol import EngineCoreOutput
-from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME, Frames
-from pyfront.server.errors import DeadlineExceeded, sse_error_frame, to_api_error
+from pyfront.server.api.sse import KEEPALIVE_FRAME, Frames
+from pyfront.server.errors import DeadlineExceeded, to_api_error
 from pyfront.server.generate.generation import Choice
 from pyfront.server.metrics import Metrics
 
@@ -231,7 +231,7 @@ class PushStream:
                 self._pending[0].close()
                 self._pending = None
             self._backlog.clear()
-            self._write(sse_error_frame(error.status, error.message) + DONE_FRAME)
+            self._write(self.frames.error(error.status, error.message))
             await self._flush()
         finally:
             self._done = True

@@ -54,7 +54,8 @@ class ContentTemplate:
 
 
 class Frames(Protocol):
-    """Renders one streamed response's SSE frames (api.chat.frames.ChatFrames, api.completions.frames.CompletionFrames).
+    """Renders one streamed response's SSE frames (api.chat.frames.ChatFrames, api.completions.frames.CompletionFrames,
+    api.messages.frames.MessagesFrames).
 
     Both streaming paths (api.streaming.stream_frames and api.push.PushStream) drive the same `output` per
     engine output, so a response is byte-for-byte the same whichever path carries it.
@@ -66,6 +67,10 @@ class Frames(Protocol):
 
     def closing(self) -> bytes:
         """The last frames: the usage chunk when asked for, and [DONE]."""
+        ...
+
+    def error(self, status: int, message: str) -> bytes:
+        """The last frames of a stream that failed after it started (the API's own error event)."""
         ...
 
 

@@ -14,8 +14,8 @@ from pyfront.engine_client.protocol import (
     EngineCoreOutput,
 )
 from pyfront.server.api.push import PushStream
-from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME, Frames, SSEResponse
-from pyfront.server.errors import sse_error_frame, to_api_error
+from pyfront.server.api.sse import KEEPALIVE_FRAME, Frames, SSEResponse
+from pyfront.server.errors import to_api_error
 from pyfront.server.generate.generation import Choice, Generation
 from pyfront.server.state import ServingState
 
@@ -80,6 +80,6 @@ async def stream_frames(
         await abort()
         error = to_api_error(exc)
         state.metrics.error(error.status)
-        yield sse_error_frame(error.status, error.message) + DONE_FRAME
+        yield frames.error(error.status, error.message)
     finally:
         await abort()

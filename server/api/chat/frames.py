@@ -9,6 +9,7 @@ from pyfront.engine_client.protocol import (
 )
 from pyfront.server.api.chat.convert import chat_logprobs, parsed_delta, tool_finish_reason
 from pyfront.server.api.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
+from pyfront.server.errors import sse_error_frame
 from pyfront.server.generate.generation import Choice, Generation, choice_rows
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
@@ -85,3 +86,7 @@ class ChatFrames:
         if self.include_usage:
             return frame({**self.head, "choices": [], "usage": self.generation.usage(streamed=True)}) + DONE_FRAME
         return DONE_FRAME
+
+    def error(self, status: int, message: str) -> bytes:
+        """vLLM's error event (an OpenAI error body as data), then [DONE]."""
+        return sse_error_frame(status, message) + DONE_FRAME

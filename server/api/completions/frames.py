@@ -9,6 +9,7 @@ from pyfront.engine_client.protocol import (
 )
 from pyfront.server.api.completions.convert import CompletionBatch, completion_choice_logprobs
 from pyfront.server.api.sse import DELTA_MARKER, DONE_FRAME, ContentTemplate, frame
+from pyfront.server.errors import sse_error_frame
 from pyfront.server.generate.generation import Choice, choice_rows
 from pyfront.server.openai.types import (
     CompletionRequest,
@@ -93,3 +94,7 @@ class CompletionFrames:
         if self.include_usage:
             return frame({**self.head, "choices": [], "usage": self.batch.usage(streamed=True)}) + DONE_FRAME
         return DONE_FRAME
+
+    def error(self, status: int, message: str) -> bytes:
+        """vLLM's error event (an OpenAI error body as data), then [DONE]."""
+        return sse_error_frame(status, message) + DONE_FRAME
