@@ -190,7 +190,8 @@ def to_chat_request(
                 function=FunctionDefinition(
                     name=t.name,
                     description=t.description,
-                    parameters={"type": "object", **t.input_schema} if "type" not in t.input_schema else t.input_schema,
+                    # vLLM's validator adds "type": "object" last; the template prints the schema (key order is prompt)
+                    parameters=t.input_schema if "type" in t.input_schema else {**t.input_schema, "type": "object"},
                     strict=t.strict,
                     defer_loading=t.defer_loading,
                 )
