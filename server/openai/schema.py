@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from pyfront.server.anthropic.types import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from pyfront.server.openai.types import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 
@@ -19,13 +20,20 @@ def json_schema(request_type: type[Struct]) -> dict[str, Any]:
 
 @cache
 def openapi_components() -> dict[str, Any]:
-    """OpenAPI ``components.schemas`` for the four request bodies (and the Structs they use).
+    """OpenAPI ``components.schemas`` for the request bodies (and the Structs they use).
 
-    Keys include ``ChatCompletionRequest``, ``CompletionRequest``, ``TokenizeRequest`` and
-    ``DetokenizeRequest``; references are ``#/components/schemas/<Name>``.
+    Keys include ``ChatCompletionRequest``, ``CompletionRequest``, ``TokenizeRequest``, ``DetokenizeRequest``,
+    ``AnthropicMessagesRequest`` and ``AnthropicCountTokensRequest``; references are ``#/components/schemas/<Name>``.
     """
     _, components = msgspec.json.schema_components(
-        (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest),
+        (
+            ChatCompletionRequest,
+            CompletionRequest,
+            TokenizeRequest,
+            DetokenizeRequest,
+            AnthropicMessagesRequest,
+            AnthropicCountTokensRequest,
+        ),
         ref_template="#/components/schemas/{name}",
     )
     return components
