@@ -167,8 +167,12 @@ def to_chat_request(
     *,
     merge_inline_system: bool,
     allow_request_chat_template: bool,
+    reasoning_parser: bool,
 ) -> ChatCompletionRequest:
-    """The chat request vLLM builds (see the module docstring), checked as the chat route checks its own."""
+    """The chat request vLLM builds (see the module docstring), checked as the chat route checks its own.
+
+    `reasoning_parser`: the server runs with --reasoning-parser (what a thinking budget needs, see below).
+    """
     reasoning_effort: str | None = None
     response_format = None
     output = request.output_config
@@ -180,9 +184,14 @@ def to_chat_request(
         reasoning_effort = output.effort
     if request.thinking is not None and request.thinking.type == "disabled":
         reasoning_effort = "none"  # vLLM's probe gives "none" for templates that honour it (enable_thinking off)
-    # thinking.type "enabled": vLLM sends budget_tokens as thinking_token_budget, for an engine started with a
-    # reasoning config; pyfront's sampling has no reasoning config to honour it with, so the budget is checked
-    # (validate.py) and not sent: max_tokens still bounds the answer. "adaptive" pins nothing, as in vLLM.
+    # thinking.type "enabled": vLLM sends budget_tokens as thinking_token_budget, which its engines enforce with the
+    # reasoning config a --reasoning-parser gives them, and refuses without one. pyfront keeps the refusal (the
+    # budget goes to the sampling checks, which give vLLM's 400); with a reasoning parser it has no reasoning config
+    # to enforce the budget with, so the budget is checked (validate.py) and not sent: max_tokens still bounds the
+    # answer. "adaptive" pins nothing, as in vLLM.
+    budget = None
+    if request.thinking is not None and request.thinking.type == "enabled" and not reasoning_parser:
+        budget = request.thinking.budget_tokens
     tools = None
     if request.tools is not None:
         tools = [
@@ -228,6 +237,7 @@ def to_chat_request(
         chat.top_k = request.top_k
         chat.cache_salt = request.cache_salt
         chat.vllm_xargs = request.vllm_xargs
+        chat.thinking_token_budget = budget
         if request.stream:
             chat.stream = True
             chat.stream_options = StreamOptions(include_usage=True)

@@ -1,12 +1,14 @@
 """The Messages API side by side with vLLM 0.32's own front end (vllm/entrypoints/anthropic/).
 
-vLLM's `vllm serve` and `pyfront serve`, each with `--tool-call-parser hermes --enable-auto-tool-choice
---reasoning-parser qwen3`, each against pyfront's mock engine scripted with the same outputs, answer the same
-`POST /v1/messages` requests (text, thinking on and off, tool calls, a tool_use -> tool_result round trip,
-stop sequences, max_tokens, system blocks, count_tokens), streamed and not. What must be equal: the content
-blocks (thinking, text, tool_use name and input), stop_reason, usage, and the streamed event sequence (block
-starts and stops, delta kinds, the text of each block, message_delta), with ids and signatures (random by
-design) left out and consecutive deltas of one block joined (how tokens fall into engine outputs is timing).
+vLLM's `vllm serve` and `pyfront serve`, each with `--tool-call-parser <hermes | qwen3_coder>
+--enable-auto-tool-choice --reasoning-parser qwen3`, each against pyfront's mock engine scripted with the
+same outputs, answer the same `POST /v1/messages` requests (text, thinking on and off, tool calls, a tool_use
+-> tool_result round trip, stop sequences, max_tokens, system blocks, count_tokens; with qwen3_coder also
+tool_choice any and a named tool, forced by the format's structural tag, and disable_parallel_tool_use),
+streamed and not. What must be equal: the content blocks (thinking, text, tool_use name and input),
+stop_reason, usage, and the streamed event sequence (block starts and stops, delta kinds, the text of each
+block, message_delta), with ids and signatures (random by design) left out and consecutive deltas of one
+block joined (how tokens fall into engine outputs is timing).
 
 The deliberate differences, each asserted below with its reason:
 - `id`: vLLM reuses its chat id (`chatcmpl-...`); pyfront's is `msg_...`, as Anthropic's.
@@ -136,6 +138,42 @@ CASES: dict[str, tuple[str, dict]] = {
 
 VLLM_STREAM_WHITESPACE_BEFORE_TOOL_USE = {"tool_use", "two_tool_uses_tool_choice_auto"}
 """Cases whose vLLM stream has a whitespace-only text block before the first tool_use (see the module docstring)."""
+
+
+def _xml_call(name: str, arguments: dict[str, str]) -> str:
+    """A Qwen3-Coder XML call (--tool-call-parser qwen3_coder)."""
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+XML_CASES: dict[str, tuple[str, dict]] = {
+    "xml_tool_use": (
+        "<think>\nI need the weather in Paris.\n</think>\n\n" + _xml_call("get_weather", {"city": "Paris"}),
+        {"tools": TOOLS},
+    ),
+    "xml_tool_choice_any": (
+        "<think>\nAny tool.\n</think>\n\n" + _xml_call("get_time", {}),
+        {"tools": TOOLS, "tool_choice": {"type": "any"}},
+    ),
+    "xml_tool_choice_tool": (
+        "<think>\nForced.\n</think>\n\n" + _xml_call("get_weather", {"city": "Rome", "unit": "celsius"}),
+        {"tools": TOOLS, "tool_choice": {"type": "tool", "name": "get_weather"}},
+    ),
+    "xml_two_calls_one_allowed": (
+        "<think>\nBoth.\n</think>\n\n" + _xml_call("get_weather", {"city": "Oslo"}) + "\n" + _xml_call("get_time", {}),
+        {"tools": TOOLS, "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
+    ),
+    "xml_thinking_disabled_call": (
+        _xml_call("get_weather", {"city": "Lima"}),
+        {"tools": TOOLS, "thinking": {"type": "disabled"}},
+    ),
+}
+"""For --tool-call-parser qwen3_coder: forced tool choices (any, a named tool: the format's structural tag) too."""
+
+PARSER_SUITES: dict[str, tuple[dict[str, tuple[str, dict]], set[str]]] = {
+    "hermes": (CASES, VLLM_STREAM_WHITESPACE_BEFORE_TOOL_USE),
+    "qwen3_coder": (XML_CASES, set()),
+}
 
 COUNT_TOKENS_CASES = {
     "plain": {"messages": [{"role": "user", "content": "Count me."}]},
@@ -268,17 +306,25 @@ def _folded_stream(comparable: list) -> dict:
 
 
 @pytest.mark.real_engine
-def test_messages_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokenizer, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("tool_parser", list(PARSER_SUITES))
+def test_messages_match_vllm_frontend(
+    tool_parser: str,
+    tiny_model: Path,  # noqa: F811
+    vllm_venv: Path,  # noqa: F811
+    tokenizer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     t_test = time.monotonic()
+    cases, whitespace_quirk = PARSER_SUITES[tool_parser]
     script: list[list[int]] = []
-    for text, _ in CASES.values():
+    for text, _ in cases.values():
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert tokenizer.decode(ids) == text
         script += [ids, ids]  # one non-streamed request, then one streamed, per case
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
     mock_args = ("--script-file", str(script_file), "--step-interval", "0.002")
-    flags = _parser_flags("hermes")
+    flags = _parser_flags(tool_parser)
     rpc_vllm, http_vllm, rpc_pyfront, http_pyfront = _ports(4)
 
     full: dict[str, dict[str, dict]] = {"vllm": {}, "pyfront": {}}
@@ -303,7 +349,7 @@ def test_messages_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeniz
             model = _model_id(server.url)
             raw: dict[str, object] = {}
             with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
-                for name, (_, fields) in CASES.items():
+                for name, (_, fields) in cases.items():
                     body = {
                         "model": model,
                         "max_tokens": 200,
@@ -333,7 +379,7 @@ def test_messages_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeniz
 
     print(f"\nmessages comparison took {time.monotonic() - t_test:.1f} s; answers in {tmp_path}")
     vllm, ours = full["vllm"], full["pyfront"]
-    for name in CASES:
+    for name in cases:
         # ids: vLLM's chat id, pyfront's msg_ id.
         assert vllm[name]["id"].startswith("chatcmpl-") and ours[name]["id"].startswith("msg_"), name
         # stop_sequence: vLLM drops a null one from its non-streamed body; pyfront sends it, as Anthropic does.
@@ -346,7 +392,7 @@ def test_messages_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeniz
         assert [n for n, _ in our_events][:2] == ["message_start", "ping"] and [n for n, _ in our_events].count(
             "ping"
         ) == 1, name
-        quirk = name in VLLM_STREAM_WHITESPACE_BEFORE_TOOL_USE
+        quirk = name in whitespace_quirk
         vllm_stream = _stream_comparable(vllm_events, drop_whitespace_text=quirk)
         our_stream = _stream_comparable(our_events)
         if quirk:
@@ -360,6 +406,21 @@ def test_messages_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeniz
         assert folded == {k: answer[k] for k in ("content", "stop_reason", "stop_sequence", "usage")}, name
 
     # The cases say what they test.
+    if tool_parser == "qwen3_coder":
+        for name in XML_CASES:
+            assert ours[name]["stop_reason"] == "tool_use", name
+        assert [b["name"] for b in ours["xml_two_calls_one_allowed"]["content"] if b["type"] == "tool_use"] == [
+            "get_weather"
+        ]
+        assert [b["input"] for b in ours["xml_tool_choice_tool"]["content"] if b["type"] == "tool_use"] == [
+            {"city": "Rome", "unit": "celsius"}
+        ]
+    else:
+        _check_hermes_cases(ours)
+    _check_counts_and_errors(counts, errors)
+
+
+def _check_hermes_cases(ours: dict[str, dict]) -> None:
     assert ours["tool_use"]["stop_reason"] == "tool_use"
     assert [b["type"] for b in ours["two_tool_uses_tool_choice_auto"]["content"]] == [
         "thinking",
@@ -372,6 +433,10 @@ def test_messages_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeniz
     assert ours["thinking_then_text"]["content"][0]["type"] == "thinking"
     assert ours["tool_result_round_trip"]["content"][-1]["text"].strip() == "It is 18 C and sunny in Paris."
 
+
+def _check_counts_and_errors(
+    counts: dict[str, dict[str, object]], errors: dict[str, dict[str, tuple[int, object]]]
+) -> None:
     assert counts["pyfront"] == counts["vllm"]
     for name in ERROR_CASES:
         (vllm_status, _), (status, body) = errors["vllm"][name], errors["pyfront"][name]

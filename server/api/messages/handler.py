@@ -35,7 +35,10 @@ def _chat_request(state: ServingState, raw: bytes, *, count_tokens: bool) -> Cha
     body = decode_count_tokens_request(raw) if count_tokens else decode_messages_request(raw)
     merge = has_inline_system(body) and template_wants_system_first(state.tokenizer)
     return to_chat_request(
-        body, merge_inline_system=merge, allow_request_chat_template=state.allow_request_chat_template
+        body,
+        merge_inline_system=merge,
+        allow_request_chat_template=state.allow_request_chat_template,
+        reasoning_parser=state.reasoning_parser is not None,
     )
 
 

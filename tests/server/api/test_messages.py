@@ -389,6 +389,16 @@ def test_overload_is_529_overloaded_error(slow: Harness) -> None:
     assert wait_for(lambda: harness.mock_totals()["running"] == 0)
 
 
+def test_thinking_budget_without_a_reasoning_parser_is_vllms_400(slow: Harness) -> None:
+    """vLLM sends budget_tokens as thinking_token_budget, which it refuses without a reasoning config."""
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client(slow).messages.create(
+            model=MODEL, max_tokens=2000, messages=USER, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+    assert "reasoning_config is not configured" in refused.value.body["error"]["message"]  # type: ignore[index]
+    assert client(slow).messages.create(model=MODEL, max_tokens=2, messages=USER, thinking={"type": "disabled"})
+
+
 # ------------------------------------------------------------------------- in-process, a FakeEngine behind it
 
 
@@ -516,13 +526,14 @@ def test_messages_become_vllms_chat_messages() -> None:
     assert (merged[0].role, merged[0].content) == ("system", "Sys.Inline reminder.")
     assert [m.role for m in merged].count("system") == 1
 
-    chat = to_chat_request(request, merge_inline_system=False, allow_request_chat_template=False)
+    chat = to_chat_request(request, merge_inline_system=False, allow_request_chat_template=False, reasoning_parser=True)
     assert (chat.max_tokens, chat.max_completion_tokens, chat.tool_choice, chat.stream) == (10, 10, "none", False)
     with pytest.raises(RequestValidationError, match="Chat template is passed"):
         to_chat_request(
             decode_messages_request(json.dumps({**body, "chat_template_kwargs": {"chat_template": "{{ 1 }}"}})),
             merge_inline_system=False,
             allow_request_chat_template=False,
+            reasoning_parser=True,
         )
 
 
@@ -530,7 +541,7 @@ def test_tool_choices_and_thinking_map_as_vllm_maps_them() -> None:
     def chat(**fields: Any):
         body = {"model": MODEL, "max_tokens": 2000, "messages": USER, **fields}
         return to_chat_request(decode_messages_request(json.dumps(body)), merge_inline_system=False,
-                               allow_request_chat_template=False)  # fmt: skip
+                               allow_request_chat_template=False, reasoning_parser=True)  # fmt: skip
 
     assert chat(tools=TOOLS).tool_choice == "auto"
     assert chat(tools=TOOLS, tool_choice={"type": "any"}).tool_choice == "required"
