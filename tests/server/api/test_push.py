@@ -21,6 +21,7 @@ from pyfront.engine_client.client import RequestAbortedError, RequestStream
 from pyfront.engine_client.protocol import EngineCoreOutput, FinishReason
 from pyfront.server.api.push import PushStream
 from pyfront.server.api.sse import DONE_FRAME, KEEPALIVE_FRAME
+from pyfront.server.errors import sse_error_frame
 from pyfront.server.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
@@ -69,6 +70,10 @@ class FakeFrames:
 
     def closing(self) -> bytes:
         return b"closing\n" + DONE_FRAME
+
+    def error(self, status: int, message: str) -> bytes:
+        """The chat routes' error event (an OpenAI error body), then [DONE]: what ChatFrames.error writes."""
+        return sse_error_frame(status, message) + DONE_FRAME
 
 
 class FakeSend:
