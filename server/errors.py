@@ -54,6 +54,10 @@ class APIError(Exception):
         self.headers = headers
 
 
+class Overloaded(APIError):
+    """The server is at capacity (admission): 503 + Retry-After on the OpenAI routes, Anthropic's 529 on theirs."""
+
+
 class RequestValidationError(ValueError):
     """A request the server must answer with HTTP 400; ``param`` names the offending field (or None)."""
 
@@ -113,3 +117,57 @@ def error_response(
 def sse_error_frame(status: int, message: str) -> bytes:
     """An error inside an already-started stream (headers are gone): vLLM sends it as an event."""
     return b"data: " + msgspec.json.encode(error_body(status, message)) + b"\n\n"
+
+
+# ------------------------------------------------------------------------------ Anthropic's error shape
+
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+"""The Messages API routes: every error they give (middleware's 401 and 413 included) is in Anthropic's shape."""
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+"""Anthropic's error types by status (its API reference, "Errors"); another 4xx is invalid_request_error, a 5xx
+api_error. 503 (no engine up) has no type of its own there: overloaded_error says "retry later" as it means."""
+
+
+def anthropic_status(error: APIError) -> int:
+    """The status on an Anthropic route: a full server is Anthropic's 529 (its SDK's OverloadedError), else the same."""
+    return 529 if isinstance(error, Overloaded) else error.status
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """``{"type": "error", "error": {"type": ..., "message": ...}}``, Anthropic's error object."""
+    kind = _ANTHROPIC_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        msgspec.json.encode(anthropic_error_body(status, message)),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def anthropic_sse_error_frame(status: int, message: str) -> bytes:
+    """An error inside a started Messages stream: Anthropic's `event: error` (the stream ends after it)."""
+    return b"event: error\ndata: " + msgspec.json.encode(anthropic_error_body(status, message)) + b"\n\n"
+
+
+def error_response_for(
+    path: str, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
+    """The error response in the shape of the route at `path` (for middleware, which answers before any route)."""
+    if path in ANTHROPIC_PATHS:
+        return anthropic_error_response(status, message, headers)
+    return error_response(status, message, param, headers)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyfront.engine_client.interface import Engine
-from pyfront.server.errors import APIError
+from pyfront.server.errors import APIError, Overloaded
 from pyfront.server.metrics import Metrics
 from pyfront.server.text.tokenizer import ChatTokenizer
 
@@ -83,7 +83,7 @@ class ServingState:
             )
         if self.max_in_flight is not None and self.active + count > self.max_in_flight:
             self.metrics.rejected.labels(self.metrics.model_name, "overload").inc()
-            raise APIError(
+            raise Overloaded(
                 503,
                 f"the server is at capacity ({self.max_in_flight} requests in flight); retry later",
                 headers={"Retry-After": "1"},

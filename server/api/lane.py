@@ -1,4 +1,4 @@
-"""The fast lane: the generating routes straight from the server, around FastAPI's own stack."""
+"""The fast lane: the token-carrying routes straight from the server, around FastAPI's own stack."""
 
 from __future__ import annotations
 
@@ -14,27 +14,34 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyfront.server.api.chat.handler import chat_response
 from pyfront.server.api.completions.handler import completion_response
+from pyfront.server.api.messages.handler import count_tokens_response, messages_response
 from pyfront.server.api.request import RequestHeaders, read_body
 from pyfront.server.api.responses import exception_response
 from pyfront.server.api.responses_api.handler import responses_response
 from pyfront.server.api.responses_api.store import ResponseStore
 from pyfront.server.api.sse import DONE_FRAME
 from pyfront.server.config import ServerConfig
-from pyfront.server.errors import FORCED_EXIT, error_response, sse_error_frame
+from pyfront.server.errors import (
+    ANTHROPIC_PATHS,
+    FORCED_EXIT,
+    anthropic_sse_error_frame,
+    error_response_for,
+    sse_error_frame,
+)
 from pyfront.server.state import ServingState
 
 _Handler = Callable[[ServingState, ServerConfig, bytes, RequestHeaders], Coroutine[Any, Any, Response]]
 
 
 class FastLane:
-    """POST /v1/chat/completions, /v1/completions and /v1/responses straight from the server, around FastAPI's stack.
+    """POST /v1/chat/completions, /v1/completions, /v1/responses and the Messages API straight from the server.
 
     These routes carry every token; through FastAPI each `send` of a streamed frame passed several
     middleware wrappers (error, exception, body-limit and telemetry layers) and each request a dozen
     more calls. Here a request costs one dispatch and frames go to the server's own `send`. Behaviour is
     the same as through FastAPI: the same handlers (chat_response / completion_response), the same
     user middleware (api.middleware, wrapped around this lane by PyfrontApp), and errors
-    mapped to the same OpenAI error bodies (`exception_response`).
+    mapped to the same error bodies (`exception_response`: OpenAI's, Anthropic's on the Messages routes).
     """
 
     def __init__(self, state: ServingState, config: ServerConfig, responses_store: ResponseStore) -> None:
@@ -44,6 +51,8 @@ class FastLane:
             "/v1/chat/completions": chat_response,
             "/v1/completions": completion_response,
             "/v1/responses": functools.partial(responses_response, responses_store),
+            "/v1/messages": messages_response,
+            "/v1/messages/count_tokens": count_tokens_response,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -57,7 +66,7 @@ class FastLane:
             if response is None:
                 return  # the client left while its answer was being made: the handler was cancelled
         except Exception as exc:
-            response = exception_response(state, exc)
+            response = exception_response(state, exc, scope["path"])
         await response(scope, receive, send)
 
 
@@ -100,7 +109,7 @@ async def _unless_client_leaves(handler: Coroutine[Any, Any, Response], receive:
 
 
 class PyfrontApp(FastAPI):
-    """FastAPI, except that the two completion routes take the FastLane, behind the same user middleware.
+    """FastAPI, except that the FastLane's routes take it, behind the same user middleware.
 
     Starlette builds its middleware stack once, on the first call (and refuses `add_middleware` after
     that); `build_middleware_stack` wraps the lane in the same `user_middleware` list at the same moment,
@@ -162,11 +171,16 @@ async def _end_cut_response(scope: Scope, send: Send, reason: str) -> None:
     if current is not None:
         current.uncancel()
     message = f"server shutting down: request cut ({reason})"
+    path = scope["path"]
     with contextlib.suppress(OSError, RuntimeError):  # the client may be gone too
         try:
-            await error_response(503, message)(scope, _disconnected, send)
+            await error_response_for(path, 503, message)(scope, _disconnected, send)
         except RuntimeError:  # the response had started: a stream
-            cut = sse_error_frame(503, message) + DONE_FRAME
+            cut = (
+                anthropic_sse_error_frame(503, message)
+                if path in ANTHROPIC_PATHS
+                else sse_error_frame(503, message) + DONE_FRAME
+            )
             await send({"type": "http.response.body", "body": cut, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 

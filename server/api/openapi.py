@@ -21,6 +21,8 @@ from fastapi.staticfiles import StaticFiles
 from msgspec import Struct
 from starlette.responses import HTMLResponse
 
+from pyfront.server.errors import ANTHROPIC_PATHS
+
 ASSETS_URL = "/static-offline-docs"
 
 
@@ -153,6 +155,59 @@ class DetokenizeResponse(_Doc):
     prompt: str
 
 
+class AnthropicErrorDetail(_Doc):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(_Doc):
+    """Every 4xx / 5xx of the Messages API routes (Anthropic's shape)."""
+
+    type: str
+    error: AnthropicErrorDetail
+
+
+class AnthropicUsage(_Doc):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+class AnthropicContentBlock(_Doc):
+    """`thinking` (thinking, signature), `text` (text) or `tool_use` (id, name, input)."""
+
+    type: str
+    text: str | None = None
+    thinking: str | None = None
+    signature: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+
+
+class AnthropicMessage(_Doc):
+    """`stream: true` answers with Anthropic's `text/event-stream` events (message_start ... message_stop) instead."""
+
+    id: str
+    type: str
+    role: str
+    content: list[AnthropicContentBlock]
+    model: str
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class AnthropicContextManagement(_Doc):
+    original_input_tokens: int
+
+
+class AnthropicTokenCount(_Doc):
+    input_tokens: int
+    context_management: AnthropicContextManagement
+
+
 class ResponseObject(_Doc):
     """POST /v1/responses (and GET /v1/responses/{id}): vLLM 0.32's ResponsesResponse. `stream: true` answers
     with `text/event-stream` events (`event: <type>`, `data: {...}`) ending with `response.completed`."""
@@ -198,21 +253,28 @@ RESPONSES: dict[tuple[str, str], tuple[type[Struct], bool]] = {
     ("get", "/v1/models"): (ModelList, False),
     ("post", "/tokenize"): (TokenizeResponse, False),
     ("post", "/detokenize"): (DetokenizeResponse, False),
+    ("post", "/v1/messages"): (AnthropicMessage, True),
+    ("post", "/v1/messages/count_tokens"): (AnthropicTokenCount, False),
 }
 """Each documented route's 200 body, and whether it can stream (SSE)."""
 
 
+def error_schema(path: str) -> type[Struct]:
+    """A route's error body: Anthropic's on the Messages API routes, else OpenAI's."""
+    return AnthropicErrorResponse if path in ANTHROPIC_PATHS else ErrorResponse
+
+
 def components() -> dict[str, Any]:
     _, schemas = msgspec.json.schema_components(
-        [ErrorResponse, *(cls for cls, _ in RESPONSES.values())], ref_template="#/components/schemas/{name}"
+        [ErrorResponse, AnthropicErrorResponse, *(cls for cls, _ in RESPONSES.values())],
+        ref_template="#/components/schemas/{name}",
     )
     return schemas
 
 
 def add_response_schemas(schema: dict[str, Any]) -> None:
-    """Point the routes' responses at the schemas (and every route's errors at ErrorResponse)."""
+    """Point the routes' responses at the schemas (and every route's errors at its error body)."""
     schema.setdefault("components", {}).setdefault("schemas", {}).update(components())
-    error = {"description": "an OpenAI error object", "content": _json("ErrorResponse")}
     for (method, path), (cls, streams) in RESPONSES.items():
         operation = schema.get("paths", {}).get(path, {}).get(method)
         if operation is None:
@@ -220,8 +282,14 @@ def add_response_schemas(schema: dict[str, Any]) -> None:
         ok: dict[str, Any] = {"description": "the answer", "content": _json(cls.__name__)}
         if streams:
             ok["content"]["text/event-stream"] = {
-                "schema": {"type": "string", "description": "SSE events (see the 200 body's description)"}
+                "schema": {
+                    "type": "string",
+                    "description": "SSE events: Anthropic's named events on /v1/messages, the Responses events on "
+                    "/v1/responses, else chunks, then [DONE]",
+                }
             }
+        kind = error_schema(path).__name__
+        error = {"description": f"an error object ({kind})", "content": _json(kind)}
         operation["responses"] = {"200": ok, "4XX": error, "5XX": error}
 
 

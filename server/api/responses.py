@@ -14,10 +14,14 @@ from starlette.types import Receive, Scope, Send
 from pyfront.engine_client.client import EngineError
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import (
+    ANTHROPIC_PATHS,
     APIError,
     DeadlineExceeded,
     RequestValidationError,
+    anthropic_error_response,
+    anthropic_status,
     error_response,
+    error_response_for,
     to_api_error,
 )
 from pyfront.server.openai.validate import valid_header_value
@@ -52,23 +56,30 @@ def json_response(body: Any, status: int = 200) -> Response:
     return Response(_encode(body), status_code=status, media_type="application/json")
 
 
-def exception_response(state: ServingState, exc: Exception) -> Response:
-    """The OpenAI error response for an exception raised while handling a request (counted in metrics)."""
+def exception_response(state: ServingState, exc: Exception, path: str = "") -> Response:
+    """The error response for an exception raised while handling a request at `path` (counted in metrics).
+
+    OpenAI's error body, or Anthropic's on the Messages API routes (errors.ANTHROPIC_PATHS).
+    """
     if isinstance(exc, ClientDisconnect):
         # The client left while its body was read (FastAPI's routes; the fast lane sees it as None): nobody
         # reads this answer, and it is no server fault to log.
-        return error_response(400, "the client disconnected before sending its whole request")
+        return error_response_for(path, 400, "the client disconnected before sending its whole request")
     if isinstance(exc, StarletteHTTPException):
         message = "Not Found" if exc.status_code == 404 else str(exc.detail)
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        return error_response_for(path, exc.status_code, message, headers=getattr(exc, "headers", None))
     error = to_api_error(exc)  # logs the unexpected ones
+    if path in ANTHROPIC_PATHS:
+        status = anthropic_status(error)
+        state.metrics.error(status)
+        return anthropic_error_response(status, error.message, error.headers)
     state.metrics.error(error.status)
     return error_response(error.status, error.message, error.param, error.headers)
 
 
 def add_error_handlers(app: FastAPI, state: ServingState) -> None:
-    async def handle(_: Request, exc: Exception) -> Response:
-        return exception_response(state, exc)
+    async def handle(request: Request, exc: Exception) -> Response:
+        return exception_response(state, exc, request.scope["path"])
 
     # Handlers for specific classes run in Starlette's ExceptionMiddleware and answer cleanly; a handler
     # for Exception runs in ServerErrorMiddleware, which re-raises after answering (for real bugs only).

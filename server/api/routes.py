@@ -1,4 +1,4 @@
-"""The routes: the two completion routes (also served by the fast lane) and the small ones."""
+"""The routes: the completion and Messages routes (also served by the fast lane) and the small ones."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from pyfront.server.api.chat.handler import chat_response
 from pyfront.server.api.completions.handler import completion_response
+from pyfront.server.api.messages.handler import count_tokens_response, messages_response
 from pyfront.server.api.openapi import add_response_schemas
 from pyfront.server.api.request import RequestHeaders
 from pyfront.server.api.responses import json_response
@@ -45,6 +46,14 @@ def add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None:
     @app.post("/v1/completions", openapi_extra=_request_body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
         return await completion_response(state, config, await request.body(), RequestHeaders(request.scope))
+
+    @app.post("/v1/messages", openapi_extra=_request_body_schema("AnthropicMessagesRequest"))
+    async def messages(request: Request) -> Response:
+        return await messages_response(state, config, await request.body(), RequestHeaders(request.scope))
+
+    @app.post("/v1/messages/count_tokens", openapi_extra=_request_body_schema("AnthropicCountTokensRequest"))
+    async def count_tokens(request: Request) -> Response:
+        return await count_tokens_response(state, config, await request.body(), RequestHeaders(request.scope))
 
     @app.get("/v1/models")
     async def models() -> Response:

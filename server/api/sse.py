@@ -61,7 +61,8 @@ class ContentTemplate:
 
 
 class Frames(Protocol):
-    """Renders one streamed response's SSE frames (ChatFrames, CompletionFrames, api.responses_api.frames).
+    """Renders one streamed response's SSE frames (api.chat.frames.ChatFrames, api.completions.frames.CompletionFrames,
+    api.messages.frames.MessagesFrames, api.responses_api.frames.ResponsesFrames).
 
     Both streaming paths (api.streaming.stream_frames and api.push.PushStream) drive the same `output` per
     engine output, so a response is byte-for-byte the same whichever path carries it.
@@ -76,7 +77,7 @@ class Frames(Protocol):
         ...
 
     def error(self, status: int, message: str) -> bytes:
-        """The last frames of a stream that failed after it started (the headers are gone)."""
+        """The last frames of a stream that failed after it started (its API's own error event)."""
         ...
 
 

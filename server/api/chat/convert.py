@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pyfront.server.chat.parsers.tool_calls import ToolCallDelta
 from pyfront.server.chat.plan import OutputPlan
 from pyfront.server.generate.generation import (
     Choice,
@@ -71,23 +72,37 @@ async def chat_full(
     }
 
 
-def parsed_delta(choice: Choice, plan: OutputPlan | None, text: str, final: bool) -> dict[str, Any]:
-    """A streamed delta split by the request's parsers: reasoning, content and tool-call fragments."""
+def split_delta(
+    choice: Choice, plan: OutputPlan | None, text: str, final: bool
+) -> tuple[str, str, list[ToolCallDelta]]:
+    """A streamed text delta split by the request's parsers: (reasoning, content, tool-call fragments).
+
+    Content is "" under a forced tool choice and the fragments keep to the first call without parallel tool
+    calls, as vLLM streams them (the Messages route's frames use this split too).
+    """
     stream = choice.parsed
     step = stream.feed(text) if text else None
     parts = [step] if step else []
     if final:
         parts.append(stream.finish())
-    body: dict[str, Any] = {}
     reasoning = "".join(p.reasoning for p in parts)
     content = "".join(p.content for p in parts)
     calls = [call for p in parts for call in p.tool_calls]
     if plan is not None and not plan.parallel_tool_calls:
         calls = [call for call in calls if call.index == 0]
+    if plan is not None and plan.forced:
+        content = ""
+    return reasoning, content, calls
+
+
+def parsed_delta(choice: Choice, plan: OutputPlan | None, text: str, final: bool) -> dict[str, Any]:
+    """A streamed delta split by the request's parsers: reasoning, content and tool-call fragments."""
+    reasoning, content, calls = split_delta(choice, plan, text, final)
+    body: dict[str, Any] = {}
     if reasoning:
         body["reasoning_content"] = reasoning
         body["reasoning"] = reasoning
-    if content and not (plan is not None and plan.forced):
+    if content:
         body["content"] = content
     if calls:
         body["tool_calls"] = [call.to_openai() for call in calls]

@@ -1,4 +1,4 @@
-"""API keys: `Authorization: Bearer <key>` on every route but the open ones."""
+"""API keys: `Authorization: Bearer <key>` on every route but the open ones; `x-api-key` too on the Messages API's."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pyfront.server.errors import (
-    error_response,
-)
+from pyfront.server.errors import ANTHROPIC_PATHS, error_response_for
 
 
 class APIKeyMiddleware:
@@ -19,6 +17,10 @@ class APIKeyMiddleware:
 
     Keys are compared with hmac.compare_digest against every configured key, so the time taken does not
     depend on how much of a key matched.
+
+    The Messages API routes (errors.ANTHROPIC_PATHS) also take Anthropic's `x-api-key: <key>`, the header its
+    SDKs send; vLLM 0.32 reads only the bearer token everywhere, which an Anthropic client cannot send by
+    default. The other routes stay bearer-only, as vLLM's.
     """
 
     def __init__(self, app: ASGIApp, keys: list[str], open_paths: set[str]) -> None:
@@ -30,17 +32,25 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
+        anthropic = path in ANTHROPIC_PATHS
         given = b""
+        x_api_key: bytes | None = None
         for name, value in scope["headers"]:
-            if name == b"authorization":
+            if name == b"authorization" and not given:
                 given = value
-                break
-        token = given[7:] if given[:7].lower() == b"bearer " else b""
+            elif name == b"x-api-key" and anthropic and x_api_key is None:
+                x_api_key = value
+        tokens = [given[7:] if given[:7].lower() == b"bearer " else b""]
+        if x_api_key is not None:
+            tokens.append(x_api_key)
         ok = False
-        for key in self.keys:
-            ok |= hmac.compare_digest(token, key)
+        for token in tokens:
+            for key in self.keys:
+                ok |= hmac.compare_digest(token, key)
         if not ok:
-            await error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer ...)")(
+            how = "x-api-key or Authorization: Bearer" if anthropic else "Authorization: Bearer ..."
+            await error_response_for(path, 401, f"Unauthorized: a valid API key is required ({how})")(
                 scope, receive, send
             )
             return

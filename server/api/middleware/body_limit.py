@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pyfront.server.errors import APIError, error_response
+from pyfront.server.errors import APIError, error_response_for
 
 
 class BodyLimitMiddleware:
@@ -37,7 +37,7 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response(413, BodyTooLarge(self.limit).message)(scope, receive, send)
+        await error_response_for(scope["path"], 413, BodyTooLarge(self.limit).message)(scope, receive, send)
 
 
 class BodyTooLarge(APIError):

@@ -39,13 +39,15 @@ def test_openapi_documents_responses_and_the_error_shape(harness: Harness) -> No
         assert ok["application/json"]["schema"]["$ref"] == f"#/components/schemas/{cls.__name__}"
         assert ("text/event-stream" in ok) is streams
         for status in ("4XX", "5XX"):
-            assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+            error = openapi_docs.error_schema(path).__name__
+            assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith(f"/{error}")
     assert set(schema["components"]["schemas"]["ErrorDetail"]["required"]) == {"message", "type", "param", "code"}
 
 
 def test_real_answers_fit_the_documented_schemas(harness: Harness) -> None:
     """The schemas forbid unknown fields: an answer field added or renamed without its schema fails here."""
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True}
+    anthropic = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "system": "Be brief."}
     with harness.http() as client:
         answers = {
             ("post", "/v1/chat/completions"): client.post("/v1/chat/completions", json=chat),
@@ -58,7 +60,10 @@ def test_real_answers_fit_the_documented_schemas(harness: Harness) -> None:
             ("get", "/v1/models"): client.get("/v1/models"),
             ("post", "/tokenize"): client.post("/tokenize", json={"model": MODEL, "prompt": "hi"}),
             ("post", "/detokenize"): client.post("/detokenize", json={"model": MODEL, "tokens": [9707]}),
+            ("post", "/v1/messages"): client.post("/v1/messages", json={**anthropic, "max_tokens": 3}),
+            ("post", "/v1/messages/count_tokens"): client.post("/v1/messages/count_tokens", json=anthropic),
         }
+        anthropic_error = client.post("/v1/messages", json={**anthropic, "max_tokens": 0})
         error = client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "n": 0})
     assert set(answers) == set(openapi_docs.RESPONSES)
     for key, response in answers.items():
@@ -66,6 +71,8 @@ def test_real_answers_fit_the_documented_schemas(harness: Harness) -> None:
         msgspec.json.decode(response.content, type=openapi_docs.RESPONSES[key][0])
     assert error.status_code == 400
     msgspec.json.decode(error.content, type=openapi_docs.ErrorResponse)
+    assert anthropic_error.status_code == 400
+    msgspec.json.decode(anthropic_error.content, type=openapi_docs.AnthropicErrorResponse)
 
 
 def test_docs_can_be_turned_off() -> None:

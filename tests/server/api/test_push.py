@@ -71,6 +71,7 @@ class FakeFrames:
         return b"closing\n" + DONE_FRAME
 
     def error(self, status: int, message: str) -> bytes:
+        """The chat routes' error event (an OpenAI error body), then [DONE]: what ChatFrames.error writes."""
         return error_frames(status, message)
 
 
