@@ -155,6 +155,9 @@ class KVEventsEndpoints:
     subscriber_binds: bool
     replay_endpoint: str | None
     topic: str
+    registered: bool = False
+    """Read from the engine's registration, where vLLM writes `tcp://*:0` as the address it bound (`tcp://IP:PORT`),
+    which looks like an endpoint the engine connects to; from pyfront's own --kv-events-config it cannot be."""
 
 
 def _connectable(endpoint: str, host: str) -> str:
@@ -203,6 +206,7 @@ def resolve_endpoints(config: dict[str, Any] | None, rank: int, host: str, *, of
         subscriber_binds=not binds,
         replay_endpoint=_connectable(replay, host) if replay else None,
         topic=str(config.get("topic") or ""),
+        registered=not offset,
     )
 
 

@@ -168,12 +168,14 @@ class KVEventSubscriber:
             try:
                 sub.bind(endpoints.endpoint)
             except zmq.ZMQError as exc:
-                if exc.errno not in (zmq.EADDRINUSE, zmq.EADDRNOTAVAIL):
+                if not endpoints.registered or exc.errno not in (zmq.EADDRINUSE, zmq.EADDRNOTAVAIL):
                     sub.close(0)
                     raise
                 # vLLM binds `tcp://*:0` on the engine's IP and a port of the OS's choosing and registers that
                 # address, which reads as an endpoint the engine connects to. Taken (the engine on this host
-                # holds it) or not an address of this host: the engine bound it, so connect.
+                # holds it) or not an address of this host: the engine bound it, so connect. Only for a
+                # registered address: one from pyfront's own flag is the engine's to connect to (a port still
+                # taken is retried by the caller, never connected to).
                 logger.info("KV events of engine rank %d: %s is bound already (%s): connecting to it",
                             rank, endpoints.endpoint, exc)  # fmt: skip
                 endpoints = replace(endpoints, subscriber_binds=False)

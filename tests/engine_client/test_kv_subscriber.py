@@ -366,3 +366,22 @@ def test_resolve_endpoints_follows_vllms_rules() -> None:
         resolve_endpoints(dict(flag, endpoint="ipc:///tmp/kv"), 1, "h", offset=True)
     ipc0 = resolve_endpoints(dict(flag, endpoint="ipc:///tmp/kv", replay_endpoint=None), 0, "h", offset=True)
     assert ipc0 == KVEventsEndpoints("ipc:///tmp/kv", False, None, "t")
+
+
+def test_a_taken_endpoint_from_pyfronts_own_flag_is_not_connected_to(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """From --kv-events-config, `tcp://HOST:P` is the engine's to connect to: a port still taken (a closing socket)
+    is the caller's to retry, never connected to (two connecting peers would never meet)."""
+    port = free_port()
+    taken = ctx.socket(zmq.SUB)
+    taken.bind(f"tcp://127.0.0.1:{port}")
+    subscriber = KVEventSubscriber(PrefixIndex(1, CONFIG))
+    endpoints = resolve_endpoints(
+        {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}, 0, "127.0.0.1", offset=True
+    )
+    try:
+        assert endpoints is not None and endpoints.subscriber_binds and not endpoints.registered
+        with pytest.raises(zmq.ZMQError):
+            subscriber.add(0, endpoints, ENGINE_HASHES, "test")
+    finally:
+        subscriber.close()
+        taken.close(0)
