@@ -125,7 +125,7 @@ class _FastChatRender:
     functions present) and after a start-up comparison with ``apply_chat_template`` on sample chats.
     """
 
-    VERIFIED_TRANSFORMERS = ("5.24.",)
+    VERIFIED_TRANSFORMERS = ("5.24.", "5.25.")
     """transformers releases whose apply_chat_template was read line by line against this class; others fall back."""
 
     def __init__(self, hf: Any) -> None:

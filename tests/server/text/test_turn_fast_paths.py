@@ -495,3 +495,24 @@ def test_fast_render_self_check_turns_it_off(monkeypatch) -> None:
         monkeypatch.undo()
         tok._enable_fast_chat()
     assert tok._fast_chat is not None
+
+
+def test_test_extra_holds_transformers_to_the_verified_releases() -> None:
+    """The test extra's ``transformers<X`` bound is the release after the newest one the fast render was read
+    against, so CI cannot pick up an unread release (the fast path would fall back and these tests fail) and the
+    bound cannot lag behind a newly verified release."""
+    import pathlib
+    import re
+    import tomllib
+
+    import pyfront.server.text.tokenizer as tokenizer_module
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    test_extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    bounds = [re.fullmatch(r"transformers<(\d+)\.(\d+)", spec.replace(" ", "")) for spec in test_extra]
+    (bound,) = [match for match in bounds if match]
+    newest = max(
+        tuple(int(part) for part in v.rstrip(".").split("."))
+        for v in tokenizer_module._FastChatRender.VERIFIED_TRANSFORMERS
+    )
+    assert (int(bound[1]), int(bound[2])) == (newest[0], newest[1] + 1)
