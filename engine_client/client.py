@@ -559,6 +559,9 @@ class EngineClient:
         if not cfg.routing.cache_aware:
             self._routing_reason = "--routing load: load alone, as vLLM's front end"
             return
+        if len(self.engines) == 1:  # nothing to choose: no index, no per-request keys or lookups
+            self._routing_reason = "one engine: every request goes to it"
+            return
         sizes = {e.registration.block_size for e in self.engines}
         if len(sizes) != 1:
             self._routing_reason = f"engines report different block sizes {sorted(sizes)}: routing on load alone"

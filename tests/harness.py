@@ -72,7 +72,8 @@ def running_harness(config_overrides: dict | None = None, **mock_options: object
     rpc_port, http_port = free_port(), free_port()
     options: dict = {"step_interval_s": 0.002, "output_len": 12, "max_model_len": 4096, "advertise_feh": True}
     options.update(mock_options)
-    mock = MockEngine(MockConfig(handshake_address=f"tcp://127.0.0.1:{rpc_port}", ranks=[0], **options)).start()
+    options.setdefault("ranks", [0])
+    mock = MockEngine(MockConfig(handshake_address=f"tcp://127.0.0.1:{rpc_port}", **options)).start()
     settings: dict = {
         "model": BUNDLED_TOKENIZER_NAME,
         "served_model_name": [MODEL],
@@ -81,6 +82,7 @@ def running_harness(config_overrides: dict | None = None, **mock_options: object
         "data_parallel_rpc_port": rpc_port,
         "engine_startup_timeout": 20,
         "max_request_body_bytes": 1024 * 1024,
+        "data_parallel_size": len(options["ranks"]),
     }
     config = ServerConfig(**{**settings, **(config_overrides or {})})
     server, thread = start_server(config)

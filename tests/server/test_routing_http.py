@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tests.harness import MODEL, Harness
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness import MODEL, Harness, running_harness
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 40}], "max_tokens": 2}
 
@@ -24,7 +28,24 @@ def test_header_rank_in_range_is_served_out_of_range_is_a_400(harness: Harness) 
         assert ignored.status_code == 200
 
 
-def test_health_and_metrics_report_routing(harness: Harness) -> None:
+@pytest.fixture(scope="module")
+def two_engines(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Harness]:
+    monkeypatch_module.setenv("VLLM_NATIVE_FEH", "1")
+    with running_harness(ranks=[0, 1]) as running:
+        yield running
+
+
+def test_one_engine_has_nothing_to_route(harness: Harness) -> None:
+    """No index, no per-request block keys or lookups: /health says why."""
+    with harness.http() as http:
+        assert http.post("/v1/chat/completions", json=BODY).status_code == 200
+        health = http.get("/health").json()
+    assert health["routing"]["policy"] == "cache" and "one engine" in health["routing"]["state"]
+    assert health["engines"][0]["routing"]["mode"] == "off"
+
+
+def test_health_and_metrics_report_routing(two_engines: Harness) -> None:
+    harness = two_engines
     with harness.http() as http:
         assert http.post("/v1/chat/completions", json=BODY).status_code == 200
         assert http.post("/v1/chat/completions", json=BODY, headers={"X-data-parallel-rank": "0"}).status_code == 200
