@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import anyio
 import anyio.to_thread
 
-from pyfront.hashing.config import HashConfig
+from pyfront.hashing.blocks import as_token_tuple, hash_chain
+from pyfront.hashing.config import DIGEST_SIZE, HashConfig
 from pyfront.hashing.memo import PrefixMemo
-from pyfront.hashing.wire import pack_header
+from pyfront.hashing.wire import HEADER_SIZE, pack_header
 
 
 class PromptHasher:
@@ -48,6 +49,40 @@ class PromptHasher:
         """
         chain = self.memo.chain(token_ids, cache_salt, checked=checked)
         return self._header + chain if chain else None
+
+    def hash_prompt_after_sync(
+        self,
+        token_ids: Sequence[int],
+        previous_blob: bytes | None,
+        shared_tokens: int,
+        cache_salt: str | None = None,
+        *,
+        checked: bool = False,
+    ) -> bytes | None:
+        """``hash_prompt_sync(token_ids, cache_salt)`` for a prompt whose first ``shared_tokens`` ids are the
+        first ids of an earlier prompt that this hasher blobbed as ``previous_blob`` with the same salt.
+
+        The caller vouches for that (the ids were copied from the earlier prompt's list, see
+        ``SegmentTokenizer.encode_after``); then the earlier blob's digests of the full blocks inside the
+        shared ids are those of this prompt by the recipe's definition (a block's digest is a function of the
+        salt, its parent digest and its ids), and only the blocks after them are hashed, chained from the
+        last one kept. The memo is bypassed: nothing before the shared ids is serialized or compared.
+        ``checked`` is ``hash_prompt_sync``'s, for when nothing can be reused.
+        """
+        block_size = self.config.block_size
+        kept = (
+            0
+            if previous_blob is None
+            else min(shared_tokens // block_size, (len(previous_blob) - HEADER_SIZE) // DIGEST_SIZE)
+        )
+        if kept <= 0:
+            return self.hash_prompt_sync(token_ids, cache_salt, checked=checked)
+        assert previous_blob is not None and previous_blob.startswith(self._header)  # one hasher, one header
+        end = HEADER_SIZE + kept * DIGEST_SIZE
+        rest = hash_chain(
+            as_token_tuple(token_ids[kept * block_size :]), block_size, previous_blob[end - DIGEST_SIZE : end], None
+        )
+        return previous_blob[:end] + b"".join(rest)
 
     async def hash_prompt(
         self, token_ids: Sequence[int], cache_salt: str | None = None, *, checked: bool = False

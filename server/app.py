@@ -120,6 +120,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await responses_store.background.cancel_all()  # background responses still running: abort them
             starter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starter
@@ -149,6 +150,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         add_offline_docs(app)
     app.state.serving = state
     app.state.config = config
+    app.state.responses_store = responses_store
     add_routes(app, state, config)
     add_responses_routes(app, state, config, responses_store)
     add_error_handlers(app, state)

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from pyfront.hashing import HashConfig
 from pyfront.server.errors import APIError
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
@@ -16,6 +17,7 @@ from pyfront.server.openai.types import (
     tool_dicts,
 )
 from pyfront.server.state import ServingState
+from pyfront.server.text.segment_cache import PromptTokens
 from pyfront.server.text.tokenizer import TokenizerError
 
 logger = logging.getLogger("pyfront.server")
@@ -61,6 +63,23 @@ def _arguments_object(name: str | None, arguments: Any) -> dict[str, Any]:
     return parsed
 
 
+def _template_args(request: ChatCompletionRequest) -> dict[str, Any]:
+    """What the tokenizer's chat render takes besides the messages."""
+    return {
+        "tools": tool_dicts(request.tools) if request.tools else None,
+        "documents": msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None,
+        "add_generation_prompt": request.add_generation_prompt,
+        "continue_final_message": request.continue_final_message,
+        "chat_template": request.chat_template,
+        "chat_template_kwargs": request.chat_template_kwargs,
+    }
+
+
+def _check_template(state: ServingState, request: ChatCompletionRequest) -> None:
+    if request.chat_template is not None and not state.allow_request_chat_template:
+        raise APIError(400, "per-request chat templates are disabled on this server", param="chat_template")
+
+
 async def render_chat(
     state: ServingState, request: ChatCompletionRequest, *, hash_prompt: bool = False
 ) -> tuple[str, list[int], bytes | None]:
@@ -69,24 +88,64 @@ async def render_chat(
     Hashing in the same thread hop as rendering saves a second hop per request; the blob is what
     EngineClient.add_request would compute (the same memo), so the engine request is the same.
     """
-    if request.chat_template is not None and not state.allow_request_chat_template:
-        raise APIError(400, "per-request chat templates are disabled on this server", param="chat_template")
+    _check_template(state, request)
     hasher = state.engine.hasher if hash_prompt and state.engine is not None else None
 
     def render() -> tuple[str, list[int], bytes | None]:
         # Everything proportional to the history runs here, on a worker thread.
-        text, ids = state.tokenizer.tokenize_chat(
-            message_dicts(request),
-            tools=tool_dicts(request.tools) if request.tools else None,
-            documents=msgspec.to_builtins(request.documents) if getattr(request, "documents", None) else None,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            chat_template=request.chat_template,
-            chat_template_kwargs=request.chat_template_kwargs,
-        )
+        text, ids = state.tokenizer.tokenize_chat(message_dicts(request), **_template_args(request))
         # The tokenizer's ids are exact int32 ints: the memo may skip its own check (checked=True).
         blob = hasher.hash_prompt_sync(ids, request.cache_salt, checked=True) if hasher is not None else None
         return text, ids, blob
+
+    try:
+        return await asyncio.get_running_loop().run_in_executor(state.render_pool, render)
+    except TokenizerError as exc:
+        raise APIError(400, str(exc), param="messages") from None
+
+
+class TurnPrompt:
+    """A rendered turn kept for the next one: its tokens (text, ids, piece starts), and its block hashes
+    with the hash config and salt they were computed under (a later turn reuses them only under the same)."""
+
+    __slots__ = ("blob", "hash_config", "salt", "tokens")
+
+    def __init__(
+        self, tokens: PromptTokens, blob: bytes | None, hash_config: HashConfig | None, salt: str | None
+    ) -> None:
+        self.tokens = tokens
+        self.blob = blob
+        self.hash_config = hash_config
+        self.salt = salt
+
+    @property
+    def nbytes(self) -> int:
+        return self.tokens.nbytes + (len(self.blob) if self.blob is not None else 0)
+
+
+async def render_turn(state: ServingState, request: ChatCompletionRequest, previous: TurnPrompt | None) -> TurnPrompt:
+    """``render_chat(..., hash_prompt=True)`` for a turn that continues ``previous`` (or starts a chain).
+
+    The template is rendered in full (a template may rewrite earlier turns; comparing the text is what
+    makes reuse exact for any template), then only the text after the prefix shared with ``previous`` is
+    tokenized (``SegmentTokenizer.encode_after``) and only the blocks after the shared ids are hashed
+    (``PromptHasher.hash_prompt_after_sync``). The result equals a full render, tokenize and hash.
+    """
+    _check_template(state, request)
+    hasher = state.engine.hasher if state.engine is not None else None
+    salt = request.cache_salt
+
+    def render() -> TurnPrompt:
+        tokens = state.tokenizer.tokenize_chat_after(
+            message_dicts(request), previous.tokens if previous is not None else None, **_template_args(request)
+        )
+        if hasher is None:
+            return TurnPrompt(tokens, None, None, salt)
+        if previous is not None and previous.hash_config == hasher.config and previous.salt == salt:
+            blob = hasher.hash_prompt_after_sync(tokens.ids, previous.blob, tokens.shared, salt, checked=True)
+        else:
+            blob = hasher.hash_prompt_sync(tokens.ids, salt, checked=True)
+        return TurnPrompt(tokens, blob, hasher.config, salt)
 
     try:
         return await asyncio.get_running_loop().run_in_executor(state.render_pool, render)

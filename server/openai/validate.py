@@ -547,10 +547,8 @@ def check_responses(r: ResponsesRequest) -> None:
     (:func:`check_responses_chat`)."""
     if r.prompt is not UNSET and r.prompt is not None:
         raise RequestValidationError("prompt template is not supported", "prompt")
-    if r.background:
-        if r.store is False:
-            raise RequestValidationError("background can only be used when `store` is true", "background")
-        raise RequestValidationError("background mode is not supported by this server.", "background")
+    if r.background and r.store is False:
+        raise RequestValidationError("background can only be used when `store` is true", "background")
     if r.previous_input_messages is not UNSET and r.previous_input_messages is not None:
         raise RequestValidationError(
             "`previous_input_messages` is only supported for gpt-oss (harmony) models.", "previous_input_messages"

@@ -52,6 +52,8 @@ The cache assumes the tokenizer is not modified after construction (``add_tokens
 
 from __future__ import annotations
 
+import array
+import bisect
 import json
 import logging
 import random
@@ -65,7 +67,7 @@ from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SegmentCacheStats", "SegmentTokenizer"]
+__all__ = ["PromptTokens", "SegmentCacheStats", "SegmentTokenizer", "common_prefix_length"]
 
 #: Rust's ``\s`` / ``char::is_whitespace`` (Unicode White_Space): what ``lstrip``/``rstrip`` added tokens swallow.
 #: Python's ``str.isspace`` differs (it also accepts U+001C..U+001F), so spell the set out.
@@ -134,6 +136,7 @@ class SegmentCacheStats:
     word_path_segments: int = 0  #: missed segments encoded per pre-token (ASCII, byte-level BPE)
     words_encoded: int = 0  #: pre-tokens the word cache lacked (encoded by the backend)
     evictions: int = 0  #: cache entries dropped to stay within the bounds
+    reused_prefix_tokens: int = 0  #: ids encode_after took from the previous prompt without splitting its text
     cached_entries: int = 0
     cached_tokens: int = 0
     cached_chars: int = 0
@@ -156,6 +159,63 @@ class _SplitToken:
     id: int
     lstrip: bool
     rstrip: bool
+
+
+class _Cuts:
+    """Where a prompt's pieces start (each right after an added token's span) and how many ids come before.
+
+    ``base_chars`` / ``base_ids`` offset what ``_encode_segmented`` records for a tail that starts there.
+    """
+
+    __slots__ = ("base_chars", "base_ids", "chars", "ids")
+
+    def __init__(
+        self, base_chars: int, base_ids: int, chars: array.array[int] | None = None, ids: array.array[int] | None = None
+    ) -> None:
+        self.base_chars = base_chars
+        self.base_ids = base_ids
+        self.chars = chars if chars is not None else array.array("q")
+        self.ids = ids if ids is not None else array.array("q")
+
+
+class PromptTokens:
+    """A prompt's text, its ids, and its piece starts: what :meth:`SegmentTokenizer.encode_after` reuses.
+
+    ``nbytes`` is what holding it costs beyond the strings and ints shared elsewhere: the text's UTF-8
+    length as an upper bound of its own storage, a pointer per id, 16 bytes per piece start.
+    """
+
+    __slots__ = ("cuts", "ids", "shared", "text")
+
+    def __init__(self, text: str, ids: list[int], cuts: _Cuts, shared: int = 0) -> None:
+        self.text = text
+        self.ids = ids
+        self.cuts = cuts
+        self.shared = shared
+        """How many leading ids are the earlier prompt's own (copied from its list by ``encode_after``)."""
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * len(self.text) + 8 * len(self.ids) + 16 * len(self.cuts.chars)
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """The length of the longest common prefix of two strings, compared a chunk at a time (C speed)."""
+    if len(b) <= len(a) and a.startswith(b):  # the usual case: the earlier prompt is a prefix
+        return len(b)
+    n = min(len(a), len(b))
+    lo = 0
+    step = 4096
+    while lo + step <= n and a[lo : lo + step] == b[lo : lo + step]:
+        lo += step
+    hi = min(n, lo + step)  # the first difference is in [lo, hi)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class _Unsupported(Exception):
@@ -237,6 +297,8 @@ class SegmentTokenizer:
         self._split_tokens: dict[str, _SplitToken] = {}
         self._added_contents: list[str] = []
         self._pattern: re.Pattern[str] | None = None
+        self._margin: int | None = None  # the longest split token's length: how far back encode_after looks
+        self._token_prefixes: frozenset[str] = frozenset()  # the split tokens' proper prefixes (encode_after)
         self._strip_mode = False
         self._first_backend: Any = None
         self._rest_backend: Any = None
@@ -296,6 +358,63 @@ class SegmentTokenizer:
             return self._reference(text)
 
     __call__ = encode
+
+    def encode_prompt(self, text: str) -> PromptTokens:
+        """``encode(text)`` with the piece starts that let :meth:`encode_after` reuse its ids for a later prompt."""
+        cuts = _Cuts(0, 0)
+        ids: list[int] | None = None
+        if self.supported:
+            with self._lock:
+                self._counters["requests"] += 1
+            try:
+                ids = self._encode_segmented(text, cuts=cuts)
+            except Exception:  # as in encode(): the tokenizer itself answers, and nothing is reused later
+                ids = None
+        if ids is None:
+            return PromptTokens(text, self.encode(text), _Cuts(0, 0))
+        return PromptTokens(text, ids, cuts)
+
+    def encode_after(self, text: str, previous: PromptTokens) -> PromptTokens:
+        """``encode_prompt(text)``, taking the ids of the prefix ``text`` shares with ``previous.text`` from it.
+
+        Only the text after the last piece start ``p`` of ``previous`` with ``p < L`` (``L`` the length of the
+        common prefix) and no position ``s < p`` where ``text[s:L]`` is a proper prefix of an added token is
+        split and encoded. Why that is exact: the split (step 1 in the module docstring) is a trie of literal
+        added tokens with no look-around, so a decision at position ``s`` depends on the text after ``s`` only
+        through which tokens match there; both texts agree up to ``L``, so a decision can differ only where a
+        token starting at ``s`` runs past ``L``, which needs ``text[s:L]`` to be a proper prefix of it: there
+        is no such ``s`` before ``p``, so every decision before ``p`` is the same in both texts. The
+        whitespace an ``rstrip`` token swallows ends at ``p`` in ``previous`` (``p`` is where its piece
+        starts) and ``text[p] == previous.text[p]`` as ``p < L``, so it ends there in ``text`` too; hence both
+        texts split into the same pieces and tokens before ``p``, whose ids are ``previous.ids[:k]``. From
+        ``p`` on, ``text`` splits
+        as ``text[p:]`` does alone: an ``lstrip`` token never swallows whitespace before the piece start, and a
+        piece that does not start the input never gets Metaspace's ``first`` prefix (``at_start=False``).
+        The self-check at construction runs this path too, and tests compare it with ``encode`` on random
+        conversations.
+        """
+        cuts_before = previous.cuts
+        if not self.supported or not cuts_before.chars or self._margin is None:
+            return self.encode_prompt(text)
+        shared = common_prefix_length(text, previous.text)
+        limit = shared - 1  # p < L
+        for start in range(max(0, shared - self._margin + 1), shared):
+            if text[start:shared] in self._token_prefixes:  # a token could start here and run past the prefix
+                limit = min(limit, start)
+                break
+        j = bisect.bisect_right(cuts_before.chars, limit) - 1
+        if j < 0:
+            return self.encode_prompt(text)
+        start, kept = cuts_before.chars[j], cuts_before.ids[j]
+        cuts = _Cuts(start, kept, cuts_before.chars[:j + 1], cuts_before.ids[:j + 1])  # fmt: skip
+        with self._lock:
+            self._counters["requests"] += 1
+            self._counters["reused_prefix_tokens"] += kept
+        try:
+            tail = self._encode_segmented(text[start:], at_start=False, cuts=cuts)
+        except Exception:
+            return self.encode_prompt(text)
+        return PromptTokens(text, previous.ids[:kept] + tail, cuts, kept)
 
     @property
     def stats(self) -> SegmentCacheStats:
@@ -394,6 +513,8 @@ class SegmentTokenizer:
         self._split_tokens = split_tokens
         self._added_contents = added_contents
         self._pattern = re.compile("(" + _trie_regex(split_tokens) + ")") if split_tokens else None
+        self._margin = max(map(len, split_tokens)) if split_tokens else None
+        self._token_prefixes = frozenset(token[:k] for token in split_tokens for k in range(1, len(token)))
         self._strip_mode = strip_mode
         self._first_backend = first
         self._rest_backend = rest
@@ -474,15 +595,24 @@ class SegmentTokenizer:
 
     # ------------------------------------------------------------------ the memoized path
 
-    def _split(self, text: str) -> list[Any]:
-        """``[piece, id, piece, id, ..., piece]`` as tokenizers' step 1 splits ``text`` (pieces may be empty)."""
+    def _split(self, text: str, starts: list[int] | None = None) -> list[Any]:
+        """``[piece, id, piece, id, ..., piece]`` as tokenizers' step 1 splits ``text`` (pieces may be empty).
+
+        ``starts``, when given, receives the offset in ``text`` of every piece after the first (where the
+        added token span before it ends, swallowed whitespace included).
+        """
         pattern = self._pattern
         if pattern is None:
             return [text]
         tokens = self._split_tokens
         if not self._strip_mode:
             parts: list[Any] = pattern.split(text)
+            offset = len(parts[0])
             for i in range(1, len(parts), 2):
+                if starts is not None:
+                    offset += len(parts[i])
+                    starts.append(offset)
+                    offset += len(parts[i + 1])
                 parts[i] = tokens[parts[i]].id
             return parts
         parts = []
@@ -498,14 +628,19 @@ class SegmentTokenizer:
             parts.append(text[start_offset:start])
             parts.append(token.id)
             start_offset = stop
+            if starts is not None:
+                starts.append(stop)
         parts.append(text[start_offset:])
         return parts
 
-    def _encode_segmented(self, text: str) -> list[int]:
-        parts = self._split(text)
+    def _encode_segmented(self, text: str, *, at_start: bool = True, cuts: _Cuts | None = None) -> list[int]:
+        """The ids of ``text``; ``at_start=False`` for a tail that does not begin the input (no Metaspace
+        ``first`` prefix); ``cuts`` receives every piece start after the first, offset by its bases."""
+        starts: list[int] | None = [] if cuts is not None else None
+        parts = self._split(text, starts)
         split_first = self._rest_backend is not self._first_backend
         keys: list[Any] = parts[0::2]
-        if split_first and keys[0]:
+        if split_first and at_start and keys[0]:
             keys[0] = (True, keys[0])  # the piece at offset 0 gets Metaspace's "first" prefix: a different entry
         found: list[list[int] | None] = [None] * len(keys)
         misses: dict[Any, list[int]] = {}
@@ -540,7 +675,19 @@ class SegmentTokenizer:
         extend = out.extend
         append = out.append
         last = len(keys) - 1
+        if cuts is None:
+            for i, ids in enumerate(found):
+                if ids is not None:
+                    extend(ids)
+                if i < last:
+                    append(parts[2 * i + 1])
+            return out
+        assert starts is not None
+        base_chars, base_ids = cuts.base_chars, cuts.base_ids
         for i, ids in enumerate(found):
+            if i:
+                cuts.chars.append(base_chars + starts[i - 1])
+                cuts.ids.append(base_ids + len(out))
             if ids is not None:
                 extend(ids)
             if i < last:
@@ -721,6 +868,11 @@ class SegmentTokenizer:
                 text = "".join(rng.sample(texts, 3))
                 if self._encode_segmented(text) != self._reference(text):
                     return f"self-check mismatch on {text[:80]!r}"
+            for _ in range(samples // 4):  # encode_after: a prompt that keeps part of an earlier one, then differs
+                before = "".join(rng.sample(texts, 3))
+                text = before[: rng.randint(0, len(before))] + "".join(rng.sample(texts, 2))
+                if self.encode_after(text, self.encode_prompt(before)).ids != self._reference(text):
+                    return f"self-check mismatch (continued prompt) on {text[:80]!r}"
         except Exception as exc:
             return f"self-check failed: {type(exc).__name__}: {exc}"
         return None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
-from pyfront.server.text.segment_cache import SegmentTokenizer
+from pyfront.server.text.segment_cache import PromptTokens, SegmentTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,12 @@ class ChatTokenizer(Protocol):
 
     def tokenize_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
         """The rendered prompt and its ids (chat template applied); raises TokenizerError for a 400."""
+        ...
+
+    def tokenize_chat_after(
+        self, messages: list[dict[str, Any]], previous: PromptTokens | None, **kwargs: Any
+    ) -> PromptTokens:
+        """``tokenize_chat``, reusing the ids of the prefix the prompt shares with ``previous`` (same ids)."""
         ...
 
 
@@ -350,6 +356,17 @@ class Tokenizer:
         """Render, then tokenize without adding special tokens again (the template has them)."""
         text = self.render_chat(messages, **kwargs)
         return text, self.segments.encode(text)
+
+    def tokenize_chat_after(
+        self, messages: list[dict[str, Any]], previous: PromptTokens | None, **kwargs: Any
+    ) -> PromptTokens:
+        """Render in full (the template may change earlier turns' text: Qwen3 drops the reasoning of turns
+        before the last user query), then tokenize only from where the text leaves ``previous`` (exact: see
+        ``SegmentTokenizer.encode_after``)."""
+        text = self.render_chat(messages, **kwargs)
+        if previous is None:
+            return self.segments.encode_prompt(text)
+        return self.segments.encode_after(text, previous)
 
 
 #: Chats the fast render is compared on at start-up (every shape the server sends: reasoning, tool calls with

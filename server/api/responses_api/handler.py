@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -10,6 +12,7 @@ from starlette.responses import Response
 
 from pyfront.server.api.request import RequestHeaders, decode_body, log_request
 from pyfront.server.api.responses import EncodedJSON, id_headers
+from pyfront.server.api.responses_api.background import EventLog
 from pyfront.server.api.responses_api.convert import (
     chat_request,
     output_items,
@@ -20,12 +23,13 @@ from pyfront.server.api.responses_api.convert import (
 )
 from pyfront.server.api.responses_api.frames import ResponsesFrames
 from pyfront.server.api.responses_api.store import ResponseStore, StoredResponse, stored_response
-from pyfront.server.api.streaming import streamed_response
+from pyfront.server.api.sse import SSEResponse
+from pyfront.server.api.streaming import stream_frames, streamed_response
 from pyfront.server.chat.plan import plan_output_parsing
-from pyfront.server.chat.render import render_chat
+from pyfront.server.chat.render import render_turn
 from pyfront.server.config import ServerConfig
-from pyfront.server.errors import APIError
-from pyfront.server.generate.generation import fold_outputs, prepare
+from pyfront.server.errors import APIError, to_api_error
+from pyfront.server.generate.generation import Generation, fold_outputs, prepare
 from pyfront.server.openai.decode import decode_responses_request
 from pyfront.server.openai.validate import check_responses_chat
 from pyfront.server.state import Admission, ServingState
@@ -42,12 +46,21 @@ def not_found(store: ResponseStore, response_id: str, param: str) -> APIError:
     return APIError(404, message, param=param)
 
 
+_BACKGROUND_WITHOUT_STORE = (
+    "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable "
+    "these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM "
+    "server."
+)  # vLLM 0.32's words; pyfront's --enable-responses-store does the same
+
+
 async def responses_response(
     store: ResponseStore, state: ServingState, config: ServerConfig, raw: bytes, headers: RequestHeaders
 ) -> Response:
     """POST /v1/responses: parse -> history -> render/tokenize -> engine -> a JSON response or its events."""
     body = await decode_body(decode_responses_request, raw)
     model = state.check_model(body.model)
+    if body.background and not store.enabled:
+        raise APIError(400, _BACKGROUND_WITHOUT_STORE, param="background")
     state.require_engine()
     deadline = state.deadline(headers.timeout)
     rank = state.data_parallel_rank(headers.data_parallel_rank)
@@ -59,10 +72,11 @@ async def responses_response(
     messages = turn_messages(body, previous)
     chat = chat_request(body, messages)
     check_responses_chat(chat, state.allow_request_chat_template)
-    admission: Admission | None  # None once a stream owns it
+    admission: Admission | None  # None once a stream or a background run owns it
     admission = state.admit(1)
     try:
-        prompt_text, prompt_ids, hashes = await render_chat(state, chat, hash_prompt=True)
+        prompt = await render_turn(state, chat, previous.prompt if previous is not None else None)
+        prompt_text, prompt_ids, hashes = prompt.tokens.text, prompt.tokens.ids, prompt.blob
         plan = plan_output_parsing(state, chat, prompt_text)
         # vLLM: the body's request_id is the response's id; else resp_ and a fresh id (X-Request-Id here).
         base = headers.request_id or uuid.uuid4().hex
@@ -81,12 +95,41 @@ async def responses_response(
             data_parallel_rank=rank,
         )
         keep = store.enabled and body.store is not False
+        events = EventLog() if body.background and body.stream else None
 
         def on_complete(response: dict[str, Any]) -> None:
             if keep:
-                store.put(response_id, stored_response(response, messages, prompt_text, prompt_ids))
+                entry = stored_response(response, messages, prompt, previous, len(raw), events)
+                store.put(response_id, entry, body.previous_response_id, unless_cancelled=bool(body.background))
+
+        def answer() -> dict[str, Any]:
+            choice = generation.choices[0]
+            return response_object(
+                body,
+                generation,
+                response_id,
+                model,
+                int(generation.arrival),
+                output=output_items(state, body, chat, choice, plan),
+                status=status_of(choice),
+                usage_body=usage(generation),
+            )
 
         response_headers = id_headers(config, response_id)
+        if body.background:
+            queued = response_object(body, generation, response_id, model, int(generation.arrival), output=[],
+                                     status="queued", usage_body=None)  # fmt: skip
+            entry = stored_response(queued, messages, prompt, previous, len(raw), events)
+            store.put(response_id, entry, body.previous_response_id)
+            owned, admission = admission, None  # released when the run ends
+            if events is not None:
+                frames = ResponsesFrames(state, body, chat, generation, response_id, model, on_complete)
+                run = _stream_in_background(store, state, frames, generation, events, response_id, owned)
+                store.background.start(response_id, run)
+                return SSEResponse(events.read(0, state.sse_keepalive_s), response_headers)
+            store.background.start(response_id, _fold_in_background(store, generation, answer, on_complete,
+                                                                    response_id, owned))  # fmt: skip
+            return EncodedJSON(_encode(queued), response_headers)
         if body.stream:
             streamed, admission = admission, None  # released when the stream ends
             frames = ResponsesFrames(state, body, chat, generation, response_id, model, on_complete)
@@ -99,19 +142,69 @@ async def responses_response(
             await generation.abort()
             raise
         generation.finish_metrics()
-        choice = generation.choices[0]
-        result = response_object(
-            body,
-            generation,
-            response_id,
-            model,
-            int(generation.arrival),
-            output=output_items(state, body, chat, choice, plan),
-            status=status_of(choice),
-            usage_body=usage(generation),
-        )
+        result = answer()
         on_complete(result)
         return EncodedJSON(_encode(result), response_headers)
     finally:
         if admission is not None:
             admission.release()
+
+
+def _failed(store: ResponseStore, response_id: str, exc: BaseException) -> None:
+    """A background run that ended in an error: the stored response says so (unless it was cancelled)."""
+    error = to_api_error(exc)
+    detail = {"code": "server_error" if error.status >= 500 else "invalid_request", "message": error.message}
+    store.set_status(response_id, "failed", only_from=("queued", "in_progress"), error=detail)
+
+
+async def _fold_in_background(
+    store: ResponseStore,
+    generation: Generation,
+    answer: Callable[[], dict[str, Any]],
+    on_complete: Callable[[dict[str, Any]], None],
+    response_id: str,
+    admission: Admission,
+) -> None:
+    """A background response that is not streamed: generate, then store the finished response."""
+    try:
+        await fold_outputs(generation.batches())
+        generation.finish_metrics()
+        on_complete(answer())
+    except asyncio.CancelledError:
+        raise  # cancelled (the route set the status): the finally aborts
+    except Exception as exc:
+        _failed(store, response_id, exc)
+    finally:
+        try:
+            await generation.abort()  # nothing once finished; a cancelled or failed run's engine request ends here
+        finally:
+            admission.release()
+
+
+async def _stream_in_background(
+    store: ResponseStore,
+    state: ServingState,
+    frames: ResponsesFrames,
+    generation: Generation,
+    events: EventLog,
+    response_id: str,
+    admission: Admission,
+) -> None:
+    """A streamed background response: its events go to the log, which every reader follows."""
+    completed = False
+    original = frames.on_complete
+
+    def on_complete(response: dict[str, Any]) -> None:
+        nonlocal completed
+        completed = True
+        original(response)
+
+    frames.on_complete = on_complete
+    try:
+        async for chunk in stream_frames(state, generation.batches(), frames, [generation]):
+            events.append(chunk)
+        if not completed:  # stream_frames ended with an error event
+            _failed(store, response_id, RuntimeError("the response ended with an error event"))
+    finally:
+        events.close()
+        admission.release()

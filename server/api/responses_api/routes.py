@@ -1,8 +1,8 @@
 """The Responses routes: POST /v1/responses (also served by the fast lane) and the stored responses by id.
 
 vLLM 0.32 has GET and POST .../cancel; DELETE is OpenAI's, added here because a bounded store wants a way
-to drop what a client is done with. vLLM's cancel and GET ?stream=true apply to background responses only,
-which neither vLLM without its store nor pyfront runs: cancel answers vLLM's 400 for a synchronous response.
+to drop what a client is done with. Cancel and GET ?stream=true apply to background responses
+(responses_api/background.py): cancel answers vLLM's 400 for any other.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from pyfront.server.api.request import RequestHeaders
-from pyfront.server.api.responses import json_response
+from pyfront.server.api.responses import id_headers, json_response
 from pyfront.server.api.responses_api.handler import not_found, responses_response
 from pyfront.server.api.responses_api.store import ResponseStore
+from pyfront.server.api.sse import SSEResponse
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import APIError
 from pyfront.server.state import ServingState
@@ -27,6 +28,7 @@ _REQUEST_BODY = {
 
 
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+_RUNNING = ("queued", "in_progress")
 
 
 def add_responses_routes(app: FastAPI, state: ServingState, config: ServerConfig, store: ResponseStore) -> None:
@@ -37,25 +39,43 @@ def add_responses_routes(app: FastAPI, state: ServingState, config: ServerConfig
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str, request: Request) -> Response:
         # The query is read here, not by FastAPI, so that a bad value is an OpenAI error (not FastAPI's 422).
-        stream = request.query_params.get("stream", "false").lower()
+        query = request.query_params
+        stream = query.get("stream", "false").lower()
         if stream not in _BOOLEANS:
             raise APIError(400, f"Invalid value for 'stream': {stream!r} is not a boolean.", param="stream")
+        raw_after = query.get("starting_after")
+        try:
+            starting_after = int(raw_after) if raw_after is not None else -1
+        except ValueError:
+            raise APIError(400, f"Invalid value for 'starting_after': {raw_after!r} is not an integer.",
+                           param="starting_after") from None  # fmt: skip
         entry = store.get(response_id)
         if entry is None:
             raise not_found(store, response_id, "response_id")
-        if _BOOLEANS[stream]:
-            raise APIError(400, "Only background responses can be streamed again; this server runs none.",
-                           param="stream")  # fmt: skip
-        return json_response(entry.body)
+        if not _BOOLEANS[stream]:
+            return json_response(entry.body)
+        if entry.events is None:
+            raise APIError(400, f"Unknown response_id: {response_id} (only a response created with background and "
+                           "stream has events to stream)", param="response_id")  # fmt: skip
+        start = max(starting_after + 1, 0)
+        return SSEResponse(entry.events.read(start, state.sse_keepalive_s), id_headers(config, response_id))
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> Response:
         if not store.delete(response_id):
             raise not_found(store, response_id, "response_id")
+        await store.background.cancel(response_id)  # a deleted background run has no one left to answer
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(response_id: str) -> Response:
-        if store.get(response_id) is None:
+        """vLLM's: a queued or in-progress (background) response becomes cancelled and its run is stopped;
+        any other is a 400."""
+        entry = store.get(response_id)
+        if entry is None:
             raise not_found(store, response_id, "response_id")
-        raise APIError(400, "Cannot cancel a synchronous response.", param="response_id")
+        cancelled = store.set_status(response_id, "cancelled", only_from=_RUNNING)
+        if cancelled is None or cancelled.body.get("status") != "cancelled" or entry.body.get("status") not in _RUNNING:
+            raise APIError(400, "Cannot cancel a synchronous response.", param="response_id")
+        await store.background.cancel(response_id)
+        return json_response(cancelled.body)

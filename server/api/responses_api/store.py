@@ -9,7 +9,7 @@ unknown (404).
 
 from __future__ import annotations
 
-import array
+import dataclasses
 import logging
 import os
 import threading
@@ -20,6 +20,8 @@ from typing import Any
 
 import msgspec
 
+from pyfront.server.api.responses_api.background import BackgroundRuns, EventLog
+from pyfront.server.chat.render import TurnPrompt
 from pyfront.server.openai.types import ChatMessage
 
 logger = logging.getLogger("pyfront.server")
@@ -39,28 +41,50 @@ def store_enabled_by_env(environ: Mapping[str, str] = os.environ) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
-    """One stored response: what a later turn needs to continue it.
+    """One stored response: what ``GET`` returns and what a later turn needs to continue it.
 
     ``messages`` are the chat messages its prompt was rendered from (instructions included: a later turn
     drops them, as OpenAI's instructions do not carry over); the next turn appends the output items, then
-    its own input. ``prompt_text`` and ``prompt_ids`` are the rendered prompt, kept so that a later turn can
-    check or reuse the stored prefix instead of rendering and tokenizing it again.
+    its own input. They are shallow copies of the previous turn's, so their contents are shared along a
+    conversation. ``prompt`` is the rendered prompt (text, ids, piece starts, block hashes), from which the
+    next turn tokenizes and hashes only what it adds; only the newest response of a chain keeps it (the
+    store drops a response's prompt when a later turn continuing it is stored: a second branch from it is
+    rendered in full, with the same result).
+
+    ``messages_bytes`` bounds the messages' contents from above without encoding the history again each
+    turn: every message came from some turn's request body or some stored response's output, so it is the
+    previous response's ``messages_bytes`` plus its body plus this turn's raw request. ``nbytes`` adds this
+    response's body, a pointer-sized slot per message and the prompt: the sum over the store is an upper
+    bound of what it holds (shared contents counted once per response that shares them).
     """
 
     body: dict[str, Any]
     messages: list[ChatMessage]
-    prompt_text: str
-    prompt_ids: array.array[int]
-    nbytes: int
+    prompt: TurnPrompt | None
+    messages_bytes: int
+    body_bytes: int
+    events: EventLog | None = None
+    """A streamed background response's events (``GET ?stream=true`` replays them)."""
+
+    @property
+    def nbytes(self) -> int:
+        prompt = self.prompt.nbytes if self.prompt is not None else 0
+        events = self.events.nbytes if self.events is not None else 0
+        return self.body_bytes + self.messages_bytes + 64 * len(self.messages) + prompt + events
 
 
-def stored_response(body: dict[str, Any], messages: list[ChatMessage], prompt_text: str,
-                    prompt_ids: list[int]) -> StoredResponse:  # fmt: skip
-    """A StoredResponse with its size: the encoded body and messages, the text's UTF-8 bytes, 4 bytes an id."""
-    ids = array.array("i", prompt_ids)
-    size = len(msgspec.json.encode(body)) + len(msgspec.json.encode(messages))
-    size += len(prompt_text.encode("utf-8", "surrogatepass")) + ids.itemsize * len(ids)
-    return StoredResponse(body, messages, prompt_text, ids, size)
+def stored_response(
+    body: dict[str, Any],
+    messages: list[ChatMessage],
+    prompt: TurnPrompt | None,
+    previous: StoredResponse | None,
+    request_bytes: int,
+    events: EventLog | None = None,
+) -> StoredResponse:
+    """A StoredResponse and its sizes (see there); the body is encoded once, O(this turn)."""
+    history = previous.messages_bytes + previous.body_bytes if previous is not None else 0
+    body_bytes = len(msgspec.json.encode(body))
+    return StoredResponse(body, messages, prompt, history + request_bytes, body_bytes, events)
 
 
 class ResponseStore:
@@ -78,8 +102,14 @@ class ResponseStore:
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self.background = BackgroundRuns()
+        """The background responses still running (their entries are here, status ``queued``)."""
 
-    def put(self, response_id: str, entry: StoredResponse) -> None:
+    def put(
+        self, response_id: str, entry: StoredResponse, previous_id: str | None = None, *, unless_cancelled: bool = False
+    ) -> None:
+        """Store ``entry``; ``previous_id``: the response it continues, which then drops its prompt;
+        ``unless_cancelled``: keep a stored response that was cancelled meanwhile (a background run's end)."""
         if not self.enabled:
             return
         if entry.nbytes > self.max_bytes:
@@ -87,9 +117,17 @@ class ResponseStore:
                            response_id, entry.nbytes, self.max_bytes)  # fmt: skip
             return
         with self._lock:
+            current = self._entries.get(response_id)
+            if unless_cancelled and current is not None and current.body.get("status") == "cancelled":
+                return
             old = self._entries.pop(response_id, None)
             if old is not None:
                 self._bytes -= old.nbytes
+            parent = self._entries.get(previous_id) if previous_id is not None else None
+            if previous_id is not None and parent is not None and parent.prompt is not None:
+                lean = dataclasses.replace(parent, prompt=None)
+                self._entries[previous_id] = lean  # an existing key: keeps its place in the LRU order
+                self._bytes -= parent.nbytes - lean.nbytes
             self._entries[response_id] = entry
             self._bytes += entry.nbytes
             while len(self._entries) > self.max_responses or self._bytes > self.max_bytes:
@@ -103,6 +141,23 @@ class ResponseStore:
             if entry is not None:
                 self._entries.move_to_end(response_id)
             return entry
+
+    def set_status(
+        self, response_id: str, status: str, *, only_from: tuple[str, ...] | None = None, error: Any = None
+    ) -> StoredResponse | None:
+        """Give the stored response ``status`` (and ``error``) if its status is in ``only_from`` (any when None);
+        the entry as it is afterwards, or None when there is none."""
+        with self._lock:
+            entry = self._entries.get(response_id)
+            if entry is None or (only_from is not None and entry.body.get("status") not in only_from):
+                return entry
+            body = {**entry.body, "status": status}
+            if error is not None:
+                body["error"] = error
+            updated = dataclasses.replace(entry, body=body, body_bytes=len(msgspec.json.encode(body)))
+            self._entries[response_id] = updated
+            self._bytes += updated.nbytes - entry.nbytes
+            return updated
 
     def delete(self, response_id: str) -> bool:
         with self._lock:

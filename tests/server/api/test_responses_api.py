@@ -208,9 +208,10 @@ async def test_stored_responses_get_delete_and_cancel(
     got = await client.responses.retrieve(response.id)
     assert got.model_dump() == response.model_dump()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
-        for query, status in (("stream=maybe", 400), ("stream=true", 400), ("stream=false", 200)):
+        for query, status, param in (("stream=maybe", 400, "stream"), ("stream=true", 400, "response_id"),
+                                     ("stream=false", 200, None)):  # fmt: skip
             r = await http.get(f"/v1/responses/{response.id}?{query}")
-            assert r.status_code == status and (status == 200 or r.json()["error"]["param"] == "stream"), r.text
+            assert r.status_code == status and (status == 200 or r.json()["error"]["param"] == param), r.text
     with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
         await client.responses.cancel(response.id)
     await client.responses.delete(response.id)
@@ -225,6 +226,94 @@ async def test_stored_responses_get_delete_and_cancel(
     unstored = await client.responses.create(model=MODEL, input="hi", store=False)
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(unstored.id)
+
+
+async def _until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_background_response_is_queued_then_completed(
+    app: FastAPI, engine: TextEngine, client: openai.AsyncOpenAI
+) -> None:
+    engine.texts.append(ANSWER_TEXT)
+    queued = await client.responses.create(model=MODEL, input="hi", background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    store: ResponseStore = app.state.responses_store
+    await _until(lambda: not store.background.running(queued.id))
+    done = await client.responses.retrieve(queued.id)
+    assert done.status == "completed" and done.output_text == "It is sunny in Paris." and done.id == queued.id
+    assert done.usage is not None and done.usage.output_tokens > 0
+    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
+        await client.responses.cancel(queued.id)  # finished: nothing to cancel
+
+
+async def test_a_background_response_outlives_its_request_until_cancelled(app: FastAPI) -> None:
+    """The POST returns while the engine request runs on; cancel aborts it and the status stays cancelled."""
+    state: ServingState = app.state.serving
+    state.engine = engine = FakeEngine(held_open)
+    store: ResponseStore = app.state.responses_store
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            body = {"model": MODEL, "input": "hi", "background": True, "max_output_tokens": 3000}
+            queued = (await http.post("/v1/responses", json=body)).json()
+            assert queued["status"] == "queued"
+            await _until(lambda: engine.num_in_flight == 1)
+            assert state.active == 1 and store.background.running(queued["id"])  # the run owns its admission
+            cancelled = await http.post(f"/v1/responses/{queued['id']}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+            assert engine.aborted == engine.added_ids and engine.num_in_flight == 0 and state.active == 0
+            assert not store.background.running(queued["id"])
+            got = await http.get(f"/v1/responses/{queued['id']}")
+            assert got.json()["status"] == "cancelled"
+            again = await http.post(f"/v1/responses/{queued['id']}/cancel")
+            assert again.status_code == 400 and again.json()["error"]["param"] == "response_id"
+            # Deleting a running one stops it too.
+            second = (await http.post("/v1/responses", json=body)).json()
+            await _until(lambda: engine.num_in_flight == 1)
+            assert (await http.delete(f"/v1/responses/{second['id']}")).status_code == 200
+            assert engine.num_in_flight == 0 and state.active == 0 and len(store.background) == 0
+    finally:
+        state.engine = None
+
+
+async def test_a_streamed_background_response_can_be_streamed_again_from_any_event(
+    app: FastAPI, engine: TextEngine, client: openai.AsyncOpenAI
+) -> None:
+    engine.texts.append(CALL_TEXT)
+    stream = await client.responses.create(model=MODEL, input="Weather?", tools=[WEATHER], background=True,
+                                           stream=True)  # fmt: skip
+    first = [event async for event in stream]
+    kinds = [event.type for event in first]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert [event.sequence_number for event in first] == list(range(len(first)))
+    assert "response.function_call_arguments.delta" in kinds
+    response_id = first[-1].response.id
+    replay = await client.responses.retrieve(response_id, stream=True, starting_after=2)
+    again = [event async for event in replay]
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in first[3:]]
+    done = await client.responses.retrieve(response_id)
+    assert done.status == "completed" and done.output[-1].type == "function_call"
+    engine.texts.append(ANSWER_TEXT)
+    plain = await client.responses.create(model=MODEL, input="hi")
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.responses.retrieve(plain.id, stream=True)
+    assert error.value.body["param"] == "response_id"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        bad = await http.get(f"/v1/responses/{response_id}?stream=true&starting_after=x")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "starting_after"
+
+
+async def test_background_needs_the_store() -> None:
+    app = make_app()
+    state: ServingState = app.state.serving
+    state.engine = engine = TextEngine(state)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        response = await http.post("/v1/responses", json={"model": MODEL, "input": "hi", "background": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "background"
+    assert "VLLM_ENABLE_RESPONSES_API_STORE=1" in response.json()["error"]["message"] and engine.added == []
 
 
 @pytest.mark.parametrize("env", [None, "1"])
@@ -266,7 +355,7 @@ async def test_without_the_store_nothing_is_kept_unless_vllm_s_variable_says_so(
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"}]}, "input[0].encrypted_content"),
         ({"input": []}, "input"),
-        ({"background": True}, "background"),
+        ({"background": True, "store": False}, "background"),
         ({"prompt": {"id": "p"}}, "prompt"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
         ({"temperature": 3}, "temperature"),
@@ -359,7 +448,7 @@ async def test_a_client_that_leaves_aborts_the_engine_request(app: FastAPI, stre
 
 def test_the_store_evicts_least_recently_used_by_count_and_by_bytes() -> None:
     def entry(text: str) -> Any:
-        return stored_response({"output": [], "text": text}, [], text, [1, 2, 3])
+        return stored_response({"output": [], "text": text}, [], None, None, len(text))
 
     small = entry("x")
     store = ResponseStore(enabled=True, max_responses=2, max_bytes=10 * small.nbytes)
@@ -379,6 +468,26 @@ def test_the_store_evicts_least_recently_used_by_count_and_by_bytes() -> None:
     off = ResponseStore(enabled=False, max_responses=10, max_bytes=10**6)
     off.put("a", small)
     assert off.get("a") is None
+
+
+def test_a_stored_continuation_drops_its_parents_prompt_and_its_bytes() -> None:
+    """Only the newest response of a chain keeps its rendered prompt; the store's byte count follows."""
+    from pyfront.server.chat.render import TurnPrompt
+    from pyfront.server.text.segment_cache import PromptTokens, _Cuts
+
+    prompt = TurnPrompt(PromptTokens("x" * 1000, list(range(300)), _Cuts(0, 0)), b"FEH1" + b"\0" * 36, None, None)
+    parent = stored_response({"output": []}, [], prompt, None, 100)
+    store = ResponseStore(enabled=True, max_responses=10, max_bytes=10**6)
+    store.put("a", parent)
+    assert store.nbytes == parent.nbytes and parent.nbytes > prompt.nbytes
+    child = stored_response({"output": []}, [], prompt, parent, 50)
+    assert child.messages_bytes == parent.messages_bytes + parent.body_bytes + 50  # grows by the turn only
+    store.put("b", child, "a")
+    lean = store.get("a")
+    assert lean is not None and lean.prompt is None and lean.body is parent.body
+    assert store.nbytes == lean.nbytes + child.nbytes == parent.nbytes - prompt.nbytes + child.nbytes
+    store.put("c", stored_response({"output": []}, [], None, child, 10), "gone")  # an evicted parent: fine
+    assert store.get("b") is not None and store.get("b").prompt is prompt  # type: ignore[union-attr]
 
 
 def test_a_function_call_round_trip_over_zmq_with_the_sync_client() -> None:
