@@ -85,6 +85,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
 CHAIN = [("First question?", "<think>\nA.\n</think>\n\nOne."), ("Second question?", "<think>\nB.\n</think>\n\nTwo."),
          ("Third question?", "<think>\nC.\n</think>\n\nThree.")]  # fmt: skip
 CHAIN_CALL_ANSWER = "<think>\nDone.\n</think>\n\nIt is sunny."
+BACKGROUND_ANSWER = "<think>\nLater.\n</think>\n\nDone in the background."
 
 _ID_KEYS = frozenset(("id", "call_id", "item_id", "previous_response_id"))
 
@@ -158,6 +159,8 @@ def test_responses_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeni
         scripted(text)
     scripted(CHAIN_CALL_ANSWER)  # the call chained by previous_response_id
     scripted(CHAIN_CALL_ANSWER)  # the same turn as explicit items
+    scripted(BACKGROUND_ANSWER)  # background, not streamed
+    scripted(BACKGROUND_ANSWER)  # background, streamed
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
     mock_args = ("--script-file", str(script_file), "--step-interval", "0.002")
@@ -206,6 +209,11 @@ def test_responses_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeni
         else:
             assert ours[f"{name}/stream"] == vllm[f"{name}/stream"], name
     assert ours["text/get"] == ours["text/full"] and vllm["text/get"] == vllm["text/full"]
+    for key in ("background/queued", "background/done", "background/stream", "background/replay"):
+        assert ours[key] == vllm[key], key
+    assert ours["background/queued"]["status"] == "queued" and ours["background/done"]["status"] == "completed"
+    for side in (ours, vllm):
+        assert side["background/replay"] == side["background/replay_expected"]
     for key in ("cancel", "get_unknown", "required_without_tools", "unknown_item"):
         assert ours[key] == vllm[key], (key, ours[key], vllm[key])
     assert ours["cancel"]["status"] == 400 and ours["get_unknown"]["status"] == 404
@@ -285,6 +293,16 @@ def _status(response: httpx.Response) -> dict[str, Any]:
     return {"status": response.status_code, "param": error.get("param") if isinstance(error, dict) else None}
 
 
+def _until_done(client: httpx.Client, response_id: str) -> dict[str, Any]:
+    """GET the response until it is no longer queued or in progress."""
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    while True:
+        body = client.get(f"/v1/responses/{response_id}").json()
+        if body.get("status") not in ("queued", "in_progress") or time.monotonic() > deadline:
+            return body
+        time.sleep(0.05)
+
+
 def _ask_everything(base_url: str, model: str) -> dict[str, Any]:
     """The same requests, in the same order, against one front end; what it answered, normalized."""
     out: dict[str, Any] = {}
@@ -338,6 +356,21 @@ def _ask_everything(base_url: str, model: str) -> dict[str, Any]:
         out["unknown_item"] = {"status": r.status_code}
         r = client.delete(f"/v1/responses/{text_id}")
         out["delete"] = {"status": r.status_code, "deleted": r.json().get("deleted") if r.status_code == 200 else None}
+        # Background responses: queued at once, then completed; a streamed one replayed from an event on.
+        queued = create("background/queued", {"input": "Work on it.", "background": True})
+        out["background/done"] = _normalized(_until_done(client, queued["id"]))
+        with client.stream("POST", "/v1/responses", json={"model": model, "temperature": 0, "input": "Work on it.",
+                                                          "background": True, "stream": True}) as r:  # fmt: skip
+            assert r.status_code == 200, f"{base_url} background stream: HTTP {r.status_code} {r.read().decode()}"
+            events = list(_events(r))
+        out["background/stream"] = _folded(events)
+        streamed_id = events[0]["response"]["id"]
+        _until_done(client, streamed_id)
+        with client.stream("GET", f"/v1/responses/{streamed_id}", params={"stream": "true", "starting_after": 3}) as r:
+            assert r.status_code == 200, f"{base_url} background replay: HTTP {r.status_code} {r.read().decode()}"
+            replayed = list(_events(r))
+        out["background/replay"] = _normalized(replayed)
+        out["background/replay_expected"] = _normalized(events[4:])
         # Last, as vLLM answers it from the engine (past the script: the mock's own words).
         r = client.post("/v1/responses", json={"model": model, "input": "x", "max_output_tokens": 2,
                                                "tools": [{"type": "web_search_preview"}]})  # fmt: skip
