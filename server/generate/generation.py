@@ -320,6 +320,21 @@ class Generation:
                 yield choice, outputs
 
 
+def prompt_truncation(truncate: int | None, side: str | None, max_model_len: int, length: int) -> slice | None:
+    """The part of a ``length``-token prompt that ``truncate_prompt_tokens`` keeps, as vLLM 0.32 slices it
+    (``TokenizeParams._truncation_slice``): None when it keeps everything; ``-1`` means the context length
+    less one token held back for the output (``max_truncation_tokens``); the last tokens are kept unless
+    ``truncation_side`` is ``"right"`` (vLLM's tokenizers truncate on the left for generation)."""
+    if truncate is None:
+        return None
+    limit = max(0, max_model_len - 1) if truncate < 0 else truncate
+    if limit >= length:
+        return None
+    if limit == 0:
+        return slice(0, 0)
+    return slice(0, limit) if side == "right" else slice(-limit, None)
+
+
 def check_prompt_len(state: ServingState, prompt_len: int) -> None:
     """vLLM's ``_validate_prompt_len``: not empty (a chat can render to nothing), shorter than the context."""
     if prompt_len == 0:
@@ -364,6 +379,11 @@ async def prepare(
     prompt_block_hashes: bytes | None = None,
     data_parallel_rank: int | None = None,
 ) -> Generation:
+    cut = prompt_truncation(request.truncate_prompt_tokens, request.truncation_side, state.max_model_len,
+                            len(prompt_ids))  # fmt: skip
+    if cut is not None:
+        prompt_ids = prompt_ids[cut]
+        prompt_block_hashes = None  # they were the whole prompt's: the engine client hashes what is sent
     check_prompt_len(state, len(prompt_ids))
     tok = state.tokenizer
     params = build_sampling_params(

@@ -1287,8 +1287,22 @@ LOGPROB_COMPLETION_CASES: dict[str, dict] = {
     "two_prompts_echo": {"prompt": ["First prompt here", "And a second"], "echo": True, "logprobs": 1, "max_tokens": 1},
     "unicode_echo": {"prompt": "Café naïve 東京 🎉 done", "echo": True, "logprobs": 1, "max_tokens": 1},
     "plain_logprobs": {"prompt": "No echo, just logprobs", "logprobs": 3, "max_tokens": 3},
-}
+    "echo_token_ids": {"prompt": "Echo the ids", "echo": True, "logprobs": 1, "max_tokens": 2,
+                       "return_token_ids": True},
+    # truncate_prompt_tokens: which tokens reach the engine shows in the prompt logprobs and ids.
+    "truncated_left": {"prompt": "One two three four five six seven", "truncate_prompt_tokens": 3,
+                       "prompt_logprobs": 1, "max_tokens": 2, "return_token_ids": True},
+    "truncated_right": {"prompt": "One two three four five six seven", "truncate_prompt_tokens": 3,
+                        "truncation_side": "right", "prompt_logprobs": 1, "max_tokens": 2, "return_token_ids": True},
+}  # fmt: skip
 LOGPROB_STREAM_CASES: dict[str, dict] = {
+    "stream_token_ids": {"prompt": "Tell me a story about", "max_tokens": 4, "return_token_ids": True},
+    "stream_token_ids_echo": {
+        "prompt": "Tell me a story about",
+        "echo": True,
+        "max_tokens": 3,
+        "return_token_ids": True,
+    },
     "stream_echo_generate": {"prompt": "Tell me a story about", "echo": True, "logprobs": 1, "max_tokens": 3},
     "stream_echo_0": {"prompt": "One two three four five six", "echo": True, "logprobs": 1, "max_tokens": 0},
     "stream_echo_text": {"prompt": "Just text back", "echo": True, "max_tokens": 3},
@@ -1302,6 +1316,21 @@ LOGPROB_CHAT_CASES: dict[str, dict] = {
     "chat_prompt_logprobs": {"messages": [{"role": "user", "content": "Hi there!"}], "prompt_logprobs": 1},
     "chat_logprobs_usage": {"messages": [{"role": "user", "content": "Count to three."}], "logprobs": True,
                             "top_logprobs": 2},
+    "chat_truncated": {"messages": [{"role": "user", "content": "Count to three, then stop."}],
+                       "truncate_prompt_tokens": 5, "prompt_logprobs": 1, "max_tokens": 2, "return_token_ids": True},
+    "chat_token_ids_n2": {"messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 3,
+                          "return_token_ids": True, "n": 2, "temperature": 1.0},
+    "chat_truncated_all_but_one": {"messages": [{"role": "user", "content": "Count to three."}],
+                                   "truncate_prompt_tokens": -1, "max_tokens": 2, "return_token_ids": True},
+}  # fmt: skip
+
+
+CHAT_STREAM_CASES: dict[str, dict] = {
+    "chat_stream_token_ids": {"messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 4,
+                              "return_token_ids": True, "n": 2, "temperature": 1.0},
+    "chat_stream_truncated": {"messages": [{"role": "user", "content": "Count to three, then stop."}],
+                              "truncate_prompt_tokens": 6, "max_tokens": 3, "return_token_ids": True,
+                              "stream_options": {"include_usage": True}},
 }  # fmt: skip
 
 
@@ -1325,12 +1354,17 @@ def _stream_folded(events: list[dict]) -> dict:
     text and every logprobs list concatenated, the finish, the ids an echo chunk carries, the final usage."""
     choices: dict[int, dict] = {}
     usage = None
+    prompt_ids = []
     for event in events:
         if event.get("usage") is not None and not event.get("choices"):
             usage = event["usage"]
+        if event.get("prompt_token_ids") is not None:  # chat: on each choice's role chunk
+            prompt_ids.append(event["prompt_token_ids"])
         for choice in event.get("choices", []):
             folded = choices.setdefault(choice["index"], {"text": "", "logprobs": None, "finish": None})
-            folded["text"] += choice["text"]
+            folded["text"] += choice["text"] if "text" in choice else (choice["delta"].get("content") or "")
+            if choice.get("token_ids") is not None:
+                folded["token_ids"] = folded.get("token_ids", []) + choice["token_ids"]
             if choice.get("logprobs") is not None:
                 if folded["logprobs"] is None:
                     folded["logprobs"] = {key: [] for key in choice["logprobs"]}
@@ -1341,7 +1375,10 @@ def _stream_folded(events: list[dict]) -> dict:
                 folded["finish"] = choice["finish_reason"]
             if choice.get("prompt_token_ids") is not None:
                 folded["prompt_token_ids"] = choice["prompt_token_ids"]
-    return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
+    out = {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
+    if prompt_ids:
+        out["prompt_token_ids"] = prompt_ids
+    return out
 
 
 @pytest.mark.real_engine
@@ -1382,6 +1419,11 @@ def test_echo_prompt_logprobs_and_usage_match_vllm_frontend(tiny_model: Path, vl
                     r = client.post("/v1/chat/completions", json={"model": model, "temperature": 0, **case})
                     assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.text}"
                     answers[side][name] = r.json()
+                for name, case in CHAT_STREAM_CASES.items():
+                    body = {"model": model, "temperature": 0, "stream": True, **case}
+                    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                        assert r.status_code == 200, f"{side} {name}: HTTP {r.status_code} {r.read()!r}"
+                        answers[side][name] = _stream_folded(list(_sse_events(r)))
         assert all(h.alive() for h in (frontend, vllm_mock, pyfront, pyfront_mock))
     (tmp_path / "answers.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
     loglik = answers["pyfront"]["loglikelihood"]["choices"][0]["logprobs"]  # type: ignore[index]

@@ -52,16 +52,17 @@ async def chat_full(
     choices = []
     for choice in generation.choices:
         message, finish_reason = chat_message(choice, generation.plan)
-        choices.append(
-            {
-                "index": choice.index,
-                "message": message,
-                "logprobs": chat_logprobs(state, choice, choice_rows(choice), request),
-                "finish_reason": finish_reason,
-                "stop_reason": choice.stop_reason,
-            }
-        )
-    return {
+        body = {
+            "index": choice.index,
+            "message": message,
+            "logprobs": chat_logprobs(state, choice, choice_rows(choice), request),
+            "finish_reason": finish_reason,
+            "stop_reason": choice.stop_reason,
+        }
+        if request.return_token_ids:
+            body["token_ids"] = choice.text.token_ids
+        choices.append(body)
+    response = {
         "id": response_id,
         "object": "chat.completion",
         "created": int(generation.arrival),
@@ -70,6 +71,9 @@ async def chat_full(
         "usage": generation.usage(streamed=False),
         "prompt_logprobs": prompt_logprobs(state, generation.choices[0]),
     }
+    if request.return_token_ids:
+        response["prompt_token_ids"] = generation.prompt_ids
+    return response
 
 
 def split_delta(

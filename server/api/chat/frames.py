@@ -19,7 +19,17 @@ from pyfront.server.state import ServingState
 class ChatFrames:
     """Renders a streamed chat's SSE frames; a plain text delta is one template fill, no dict building."""
 
-    __slots__ = ("continuous", "generation", "head", "include_usage", "request", "role_pending", "state", "templates")
+    __slots__ = (
+        "continuous",
+        "generation",
+        "head",
+        "include_usage",
+        "request",
+        "role_pending",
+        "state",
+        "templates",
+        "token_ids",
+    )
 
     def __init__(
         self, state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
@@ -39,6 +49,8 @@ class ChatFrames:
         # As vLLM, a choice's role chunk goes out with its first engine output, not before: clients time
         # the first token from the first chunk that has choices.
         self.role_pending = {c.index for c in generation.choices}
+        self.token_ids = bool(request.return_token_ids)
+        """vLLM's return_token_ids: the role chunks carry the prompt's ids, every output a chunk with its own."""
 
     def _chunk(self, index: int, delta: dict[str, Any], logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {
@@ -52,7 +64,10 @@ class ChatFrames:
         prefix = b""
         if choice.index in self.role_pending:
             self.role_pending.discard(choice.index)
-            prefix = frame(self._chunk(choice.index, {"role": "assistant", "content": ""}, None, None))
+            role = self._chunk(choice.index, {"role": "assistant", "content": ""}, None, None)
+            if self.token_ids:
+                role["prompt_token_ids"] = generation.prompt_ids
+            prefix = frame(role)
         request = self.request
         rows_before = choice.text.num_tokens
         delta = generation.on_output(choice, output)
@@ -61,7 +76,7 @@ class ChatFrames:
             logprobs = chat_logprobs(self.state, choice, choice_rows(choice, rows_before), request)
         finish_reason = choice.finish_reason
         if choice.parsed is None:
-            if finish_reason is None and logprobs is None and not self.continuous:
+            if finish_reason is None and logprobs is None and not self.continuous and not self.token_ids:
                 return prefix + self.templates[choice.index].render(delta) if delta else prefix
             delta_body: dict[str, Any] = {"content": delta} if delta else {}
         else:
@@ -72,10 +87,12 @@ class ChatFrames:
         if finish_reason is not None:
             body = self._chunk(choice.index, delta_body, logprobs, finish_reason)
             body["choices"][0]["stop_reason"] = choice.stop_reason
-        elif delta_body or logprobs is not None:
+        elif delta_body or logprobs is not None or self.token_ids:
             body = self._chunk(choice.index, delta_body, logprobs, None)
         else:
             return prefix
+        if self.token_ids:
+            body["choices"][0]["token_ids"] = choice.text.token_ids[rows_before:]
         if self.continuous:
             body["usage"] = generation.choice_usage(choice)
         return prefix + frame(body)

@@ -155,16 +155,20 @@ async def completion_full(
             if batch.echo_only:
                 text, rows = "", []
             echo = batch.echo_texts is not None
-            choices.append(
-                {
-                    "index": choice.number,
-                    "text": (batch.echo_texts[p] if batch.echo_texts is not None else "") + text,
-                    "logprobs": completion_choice_logprobs(state, choice, request, rows, echo=echo),
-                    "finish_reason": choice.finish_reason,
-                    "stop_reason": choice.stop_reason,
-                    "prompt_logprobs": prompt_logprobs(state, choice),
-                }
-            )
+            # vLLM 0.32: with return_token_ids an echo adds the prompt's ids, not its text.
+            echoed = batch.echo_texts[p] if batch.echo_texts is not None and not request.return_token_ids else ""
+            body = {
+                "index": choice.number,
+                "text": echoed + text,
+                "logprobs": completion_choice_logprobs(state, choice, request, rows, echo=echo),
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+                "prompt_logprobs": prompt_logprobs(state, choice),
+            }
+            if request.return_token_ids:
+                body["prompt_token_ids"] = generation.prompt_ids
+                body["token_ids"] = choice.text.token_ids
+            choices.append(body)
     return {
         "id": response_id,
         "object": "text_completion",

@@ -24,7 +24,17 @@ class CompletionFrames:
     a finish, since the prompt logprobs come with it.
     """
 
-    __slots__ = ("batch", "continuous", "echo_pending", "head", "include_usage", "request", "state", "templates")
+    __slots__ = (
+        "batch",
+        "continuous",
+        "echo_pending",
+        "head",
+        "ids_pending",
+        "include_usage",
+        "request",
+        "state",
+        "templates",
+    )
 
     def __init__(
         self, state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
@@ -41,6 +51,10 @@ class CompletionFrames:
         self.echo_pending: set[int] = (
             {c.number for g in batch.generations for c in g.choices} if batch.echo_texts is not None else set()
         )
+        self.ids_pending: set[int] = (
+            {c.number for g in batch.generations for c in g.choices} if request.return_token_ids else set()
+        )
+        """return_token_ids: the choices whose first chunk (with the prompt's ids) has not gone out yet."""
 
     def _chunk(self, number: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {
@@ -67,10 +81,13 @@ class CompletionFrames:
         if request.logprobs is not None and (has_rows or echo):
             rows = choice_rows(choice, rows_before) if has_rows else []
             logprobs = completion_choice_logprobs(self.state, choice, request, rows, echo=echo)
-        if echo:
+        token_ids = request.return_token_ids
+        new_ids = choice.text.token_ids[rows_before:] if token_ids else []
+        if echo and not token_ids:  # vLLM 0.32: with return_token_ids an echo adds the prompt's ids, not its text
             assert batch.echo_texts is not None
             delta = batch.echo_texts[choice.number // batch.n] + delta
-        if choice.finish_reason is None and logprobs is None and not self.continuous and not echo:
+        quiet = not new_ids  # with return_token_ids every output that adds ids gets its chunk
+        if choice.finish_reason is None and logprobs is None and not self.continuous and not echo and quiet:
             if not delta:
                 return b""
             template = self.templates.get(choice.number)
@@ -81,8 +98,12 @@ class CompletionFrames:
             return template.render(delta)
         body = self._chunk(choice.number, delta, logprobs, choice.finish_reason)
         body["choices"][0]["stop_reason"] = choice.stop_reason
-        if echo:  # vLLM's echo chunk carries the prompt's ids, asked for or not (they share its echo branch)
+        if echo or choice.number in self.ids_pending:
+            # vLLM's echo chunk carries the prompt's ids, asked for or not (they share its echo branch)
             body["choices"][0]["prompt_token_ids"] = choice.generation.prompt_ids
+            self.ids_pending.discard(choice.number)
+        if token_ids:
+            body["choices"][0]["token_ids"] = new_ids
         if self.continuous:
             prompt, completion = len(choice.generation.prompt_ids), choice.text.num_tokens
             body["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}

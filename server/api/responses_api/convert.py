@@ -198,6 +198,8 @@ def chat_request(body: ResponsesRequest, messages: list[ChatMessage]) -> ChatCom
         tools=tools or None,
         tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls,
+        # vLLM 0.32: truncation "auto" truncates the prompt to the context less one token (truncate_prompt_tokens -1)
+        truncate_prompt_tokens=-1 if body.truncation == "auto" else None,
         add_generation_prompt=not continue_final,
         continue_final_message=continue_final,
         chat_template_kwargs=kwargs or None,
