@@ -209,11 +209,15 @@ def test_responses_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeni
         else:
             assert ours[f"{name}/stream"] == vllm[f"{name}/stream"], name
     assert ours["text/get"] == ours["text/full"] and vllm["text/get"] == vllm["text/full"]
-    for key in ("background/queued", "background/done", "background/stream", "background/replay"):
+    for key in ("background/queued", "background/done", "background/stream"):
         assert ours[key] == vllm[key], key
     assert ours["background/queued"]["status"] == "queued" and ours["background/done"]["status"] == "completed"
+    # The replay is compared with each side's own stream, event for event: how outputs fall into deltas is
+    # timing (vLLM merges the outputs that arrive while it is busy), so raw events differ across sides; the
+    # folded streams above are equal.
     for side in (ours, vllm):
         assert side["background/replay"] == side["background/replay_expected"]
+        assert side["background/replay"][-1]["type"] == "response.completed"
     for key in ("cancel", "get_unknown", "required_without_tools", "unknown_item"):
         assert ours[key] == vllm[key], (key, ours[key], vllm[key])
     assert ours["cancel"]["status"] == 400 and ours["get_unknown"]["status"] == 404
