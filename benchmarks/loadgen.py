@@ -16,6 +16,10 @@ Scenarios (all against /v1/chat/completions):
   tokenizer.json) and the assistant's previous reply; ``--max-tokens`` small. Per turn: send wall time, end, prompt
   tokens, and the request id (sent as ``X-Request-Id``) to match the engine's arrival log.
 - ``seq``     one keep-alive connection, ``--requests`` sequential non-streamed requests with ``--max-tokens`` (1).
+- ``rps``     ``--concurrency C`` keep-alive connections, each sending short non-streamed requests one after the other
+  (``--max-tokens`` 1) until ``--requests`` have been answered in all: requests per second over the window (first
+  write -> last response read), latency p50 / p99, and front-end CPU per request. With C well above what the
+  front end answers in one engine step, its core is the limit: ``fe_core_busy`` says how close to 1.0 it was.
 
 With ``--fe-pgid`` (and ``--mock-pgid``) the CPU time (utime + stime, plus cutime + cstime of reaped children) of
 every process of that process group is read from /proc just before the first request is written and just after the
@@ -492,6 +496,55 @@ async def scenario_seq(a: argparse.Namespace, host: str, port: int) -> dict[str,
     }
 
 
+async def scenario_rps(a: argparse.Namespace, host: str, port: int) -> dict[str, Any]:
+    conns = [Conn(host, port) for _ in range(a.concurrency)]
+    for conn in conns:
+        await conn.open()
+    payloads = [
+        body(a.model, [{"role": "user", "content": CORPUS[i % len(CORPUS)]}], a.max_tokens, False)
+        for i in range(len(CORPUS))
+    ]
+    remaining = a.requests
+    lat: list[float] = []
+    errors: list[str] = []
+    reconnects = 0
+
+    async def worker(w: int, conn: Conn) -> None:
+        nonlocal remaining, reconnects
+        i = 0
+        while remaining > 0:
+            remaining -= 1
+            if not conn.is_open:
+                reconnects += 1
+            sent, status, resp = await post_chat(conn, payloads[(w + i) % len(payloads)], f"{a.tag}p{w:03d}{i:05d}")
+            i += 1
+            lat.append(time.time() - sent)
+            if status != 200:
+                errors.append(resp[:300].decode(errors="replace"))
+
+    win = Window(a.fe_pgid, a.mock_pgid)
+    win.start()
+    await asyncio.gather(*(worker(w, conn) for w, conn in enumerate(conns)))
+    w = win.stop()
+    for conn in conns:
+        conn.close()
+    n = len(lat)
+    return {
+        "scenario": "rps",
+        "requests": n,
+        "concurrency": a.concurrency,
+        "n_errors": len(errors),
+        "errors": errors[:3],
+        "reconnects": reconnects,
+        "rps": n / w["wall_s"],
+        "latency_p50_s": pct(lat, 0.5),
+        "latency_p99_s": pct(lat, 0.99),
+        **w,
+        "fe_core_busy": w["fe_cpu_s"] / w["wall_s"],
+        "fe_cpu_s_per_request": w["fe_cpu_s"] / n,
+    }
+
+
 async def scenario_warmup(a: argparse.Namespace, host: str, port: int) -> dict[str, Any]:
     out = []
     for i in range(4):
@@ -513,7 +566,7 @@ async def scenario_warmup(a: argparse.Namespace, host: str, port: int) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=("warmup", "streams", "chat", "seq"))
+    p.add_argument("scenario", choices=("warmup", "streams", "chat", "seq", "rps"))
     p.add_argument("--url", required=True, help="http://HOST:PORT")
     p.add_argument("--model", required=True)
     p.add_argument("--fe-pgid", type=int, default=None, help="front end's process group, for its CPU")
@@ -526,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--think-time", type=float, default=0.05, help="pause between chat turns, s")
     p.add_argument("--tokenizer-json", default=None, help="tokenizer.json used to size the chat messages")
     p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--concurrency", type=int, default=64, help="rps: connections sending at once")
     a = p.parse_args(argv)
     m = re.match(r"http://([^:/]+):(\d+)", a.url)
     if not m:
@@ -539,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         loop_factory = None
     host, port = m.group(1), int(m.group(2))
-    fn = {"warmup": scenario_warmup, "streams": scenario_streams, "chat": scenario_chat, "seq": scenario_seq}
+    fn = {"warmup": scenario_warmup, "streams": scenario_streams, "chat": scenario_chat, "seq": scenario_seq,
+          "rps": scenario_rps}  # fmt: skip
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         result = runner.run(fn[a.scenario](a, host, port))
     result["loop"] = "uvloop" if loop_factory else "asyncio"

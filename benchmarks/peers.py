@@ -15,6 +15,8 @@ mock) for each load, ``--repeats`` times, and stop both process groups. Figures 
   turn and the median of the last 11 turns.
 - one keep-alive connection, R sequential non-streamed requests with max_tokens 1: client latency p50 and front-end
   CPU per request.
+- C keep-alive connections (default 64) sending short non-streamed requests with max_tokens 1 one after the other,
+  3000 in all: requests per second the front end's one core answers, and its CPU per request.
 - start (spawn) to the first ``/health`` 200, and RSS of the front end's processes after the warm-up.
 
 A peer whose binary or virtualenv is missing is skipped. Logs, arrival logs and every raw result go to --out.
@@ -341,13 +343,20 @@ def run_peer(peer: str, args: argparse.Namespace, model: Path, out: Path, run_id
             r["seq"] = run_loadgen(
                 "seq", [*common, "--tag", tag, "--requests", str(args.seq_requests), "--max-tokens", "1"], 300
             )
+            time.sleep(args.settle)
+            r["rps"] = run_loadgen(
+                "rps",
+                [*common, "--tag", tag, "--requests", str(args.rps_requests), "--concurrency",
+                 str(args.rps_concurrency), "--max-tokens", "1"],
+                300,
+            )  # fmt: skip
             by_id = add_times(read_arrivals(arrivals))
             for key in ("streams", "seq"):
                 lat = add_latencies(r[key].pop("records", []), by_id)
                 r[key]["add_p50_s"] = statistics.median(lat) if lat else None
                 r[key]["add_max_s"] = max(lat) if lat else None
                 r[key]["add_matched"] = len(lat)
-            r["foreign"] = max(foreign_share(r[k]) for k in ("streams", "chat", "seq"))
+            r["foreign"] = max(foreign_share(r[k]) for k in ("streams", "chat", "seq", "rps"))
             r["disturbed"] = r["foreign"] > args.max_foreign
             res["repeats"].append(r)
             print(f"  {peer} repeat {rep + 1}: {summarize_repeat(r)}", flush=True)
@@ -429,7 +438,11 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
     tail = [chat_figures(r["chat"])[1] for r in reps]
     seq_lat = [r["seq"]["latency_p50_s"] for r in reps]
     seq_cpu = [r["seq"]["fe_cpu_s_per_request"] for r in reps]
+    rps = [r["rps"]["rps"] for r in reps if "rps" in r]
+    rps_cpu = [r["rps"]["fe_cpu_s_per_request"] for r in reps if "rps" in r]
     return {
+        "rps": (med(rps), rps),
+        "rps_cpu": (med(rps_cpu), rps_cpu),
         "cpu1k": (med(cpu1k), cpu1k),
         "ttft": (med(ttft), ttft),
         "add_last": (med(last), last),
@@ -449,6 +462,7 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, f
       f"--step-interval {args.step_interval} --step-on-arrival --max-model-len {args.max_model_len}; "
       f"{args.streams} streams x {args.stream_tokens} tokens; chat {args.turns} turns x ~{args.turn_tokens} tokens, "
       f"max_tokens {args.chat_tokens}, think time 0.05 s; {args.seq_requests} sequential requests, max_tokens 1; "
+      f"{args.rps_requests} requests over {args.rps_concurrency} connections, max_tokens 1; "
       f"repeats {args.repeats} (medians); model dir {args.model_dir} (max_position_embeddings raised to "
       f"{args.max_model_len} in a symlinked copy)")  # fmt: skip
     for p in peers:
@@ -483,6 +497,9 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, f
         lambda p, r, f: f"{ms(f['add_last'][0])} ({ms(f['add_tail'][0])})")  # fmt: skip
     row(f"1 connection, {args.seq_requests} sequential requests with max_tokens 1: latency p50 / front-end CPU per "
         "request", lambda p, r, f: f"{ms(f['seq_lat'][0], 2)} / {ms(f['seq_cpu'][0], 2)}")  # fmt: skip
+    row(f"{args.rps_concurrency} connections, short requests with max_tokens 1: requests per second (front-end CPU "
+        "per request)",
+        lambda p, r, f: f"{f['rps'][0]:.0f}{spread(f['rps'][1], 1, '.0f')} ({ms(f['rps_cpu'][0], 2)})")  # fmt: skip
     row("startup to /health; idle RSS",
         lambda p, r, f: f"{r['startup_s']:.1f} s; {r['idle_rss_mb']:.0f} MB")  # fmt: skip
     w("")
@@ -514,7 +531,7 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, f
             turns = c["turns"]
             e2e = turns[-1]["latency"] if turns else None
             ptoks = turns[-1].get("prompt_tokens") if turns else None
-            others = [x for k in ("streams", "chat", "seq") for x in rep[k].get("other_processes", [])]
+            others = [x for k in ("streams", "chat", "seq", "rps") for x in rep[k].get("other_processes", [])]
             dropped = rep.get("disturbed") and not all(x.get("disturbed") for x in r["repeats"])
             w(
                 f"    repeat {i + 1}{' (DISTURBED, not in the medians)' if dropped else ''}: "
@@ -539,6 +556,13 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, f
               f"front end {q['fe_cpu_s']:.3f} CPU-s (schedstat {q['fe_cpu_precise_s']:.3f}), send->ADD p50 "
               f"{ms(q['add_p50_s'], 2)}, reconnects {q['reconnects']}"
               + (f", errors {q['n_errors']}: {q['errors'][:1]}" if q["n_errors"] else ""))  # fmt: skip
+            if "rps" in rep:
+                x = rep["rps"]
+                w(f"      rps: {x['requests']} requests in {x['wall_s']:.2f} s over {x['concurrency']} connections, "
+                  f"latency p50 {ms(x['latency_p50_s'], 1)} p99 {ms(x['latency_p99_s'], 1)}, front-end core "
+                  f"{100 * x['fe_core_busy']:.0f}% busy, mock {x['mock_cpu_s']:.2f} + load generator "
+                  f"{x['loadgen_cpu_s']:.2f} CPU-s on core 1, reconnects {x['reconnects']}"
+                  + (f", errors {x['n_errors']}: {x['errors'][:1]}" if x["n_errors"] else ""))  # fmt: skip
         if r.get("engine_id_examples"):
             w(f"    engine request ids look like: {r['engine_id_examples'][-1]}")
         if r.get("frontend_log_problems"):
@@ -578,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turn-tokens", type=int, default=2000)
     p.add_argument("--chat-tokens", type=int, default=8)
     p.add_argument("--seq-requests", type=int, default=None)
+    p.add_argument("--rps-requests", type=int, default=None, help="requests of the rps row (default 3000)")
+    p.add_argument("--rps-concurrency", type=int, default=64)
     p.add_argument("--settle", type=float, default=1.0, help="idle pause between loads, s")
     p.add_argument(
         "--retries", type=int, default=3, help="extra repeats allowed to replace disturbed ones (within --peer-budget)"
@@ -603,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     args.stream_tokens = args.stream_tokens or (64 if q else 256)
     args.turns = args.turns or (10 if q else 50)
     args.seq_requests = args.seq_requests or (20 if q else 200)
+    args.rps_requests = args.rps_requests or (300 if q else 3000)
     args.repeats = args.repeats or (1 if q else 3)
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]
     unknown = [x for x in peers if x not in PEER_ORDER]

@@ -34,6 +34,7 @@ import httptools
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from pyfront.server.access_log import AccessLine
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import error_body
 
@@ -69,9 +70,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """
 
     limits: ReadLimits
+    access_line: AccessLine
+    """The server's access logger (server/access_log.py), shared by its connections."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.access_logger = self.access_line  # type: ignore[assignment]  # uvicorn only calls its `info`
         self._in_head = True
         """Between the end of a request (or the connection's start) and the end of the next one's headers."""
         self._head_bytes = 0
@@ -249,5 +253,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def protocol_class(limits: ReadLimits) -> type[LimitedHttpToolsProtocol]:
-    """The protocol for uvicorn's `http=`: uvicorn builds it with its own arguments, so the limits ride on a class."""
-    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+    """The protocol for uvicorn's `http=`: uvicorn builds it with its own arguments, so the limits (and the
+    server's access logger) ride on a class."""
+    attributes = {"limits": limits, "access_line": AccessLine()}
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), attributes)

@@ -49,8 +49,9 @@ class ServingState:
     render_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyfront-render")
     )
-    """Worker threads for rendering, tokenizing and hashing chat prompts (one hop per request). A plain
-    executor: anyio's to_thread costs a capacity limiter and cancel-scope checkpoints on every call."""
+    """Worker threads for rendering, tokenizing and hashing prompts (one hop per request; none for small bodies,
+    chat.render.INLINE_RENDER_MAX_BYTES). A plain executor: anyio's to_thread costs a capacity limiter and
+    cancel-scope checkpoints on every call."""
 
     @property
     def max_model_len(self) -> int:

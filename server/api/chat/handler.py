@@ -36,7 +36,7 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
     admission: Admission | None  # None once a stream owns it
     admission = state.admit(body.n or 1)
     try:
-        prompt_text, prompt_ids, hashes = await render_chat(state, body, hash_prompt=True)
+        prompt_text, prompt_ids, hashes = await render_chat(state, body, hash_prompt=True, body_bytes=len(raw))
         plan = plan_output_parsing(state, body, prompt_text)
         base = base_request_id(headers.request_id, body.request_id)
         response_id = f"chatcmpl-{base}"

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
-
-import anyio
-import anyio.to_thread
 
 from pyfront.engine_client.protocol import (
     EngineCoreOutput,
 )
+from pyfront.server.chat.render import INLINE_RENDER_MAX_BYTES
 from pyfront.server.errors import APIError
 from pyfront.server.generate.generation import (
     Choice,
@@ -34,9 +33,12 @@ from pyfront.server.text.logprobs import (
 
 
 async def tokenize_completion_prompts(
-    state: ServingState, request: CompletionRequest
+    state: ServingState, request: CompletionRequest, body_bytes: int | None = None
 ) -> list[tuple[str | None, list[int]]]:
-    """Each prompt's ids, with the text vLLM echoes for it when `echo` is on (else None), on a worker thread.
+    """Each prompt's ids, with the text vLLM echoes for it when `echo` is on (else None).
+
+    On a worker thread, or inline when the request body (`body_bytes`) is within the bound of a chat's inline
+    render (chat.render.INLINE_RENDER_MAX_BYTES: a short prompt's tokenize costs less than the hop).
 
     vLLM echoes a text prompt as the request wrote it and a token prompt as `tokenizer.decode(ids)` (its
     renderer's `needs_detokenization`), never re-decoding a text prompt's ids.
@@ -58,7 +60,9 @@ async def tokenize_completion_prompts(
                 out.append((tokenizer.decode(ids) if echo else None, ids))
         return out
 
-    return await anyio.to_thread.run_sync(run)
+    if body_bytes is not None and body_bytes <= INLINE_RENDER_MAX_BYTES:
+        return run()
+    return await asyncio.get_running_loop().run_in_executor(state.render_pool, run)
 
 
 def completion_choice_logprobs(

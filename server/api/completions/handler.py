@@ -28,7 +28,7 @@ async def completion_response(
     state.require_engine()
     deadline = state.deadline(headers.timeout)
     rank = state.data_parallel_rank(headers.data_parallel_rank)
-    prompts = await tokenize_completion_prompts(state, body)
+    prompts = await tokenize_completion_prompts(state, body, len(raw))
     admission: Admission | None  # None once a stream owns it
     admission = state.admit((body.n or 1) * len(prompts))
     try:

@@ -52,7 +52,7 @@ async def messages_response(state: ServingState, config: ServerConfig, raw: byte
     admission: Admission | None  # None once a stream owns it
     admission = state.admit(1)
     try:
-        prompt_text, prompt_ids, hashes = await render_chat(state, chat, hash_prompt=True)
+        prompt_text, prompt_ids, hashes = await render_chat(state, chat, hash_prompt=True, body_bytes=len(raw))
         plan = plan_output_parsing(state, chat, prompt_text)
         base = base_request_id(headers.request_id, None)
         message_id = f"msg_{base}"
