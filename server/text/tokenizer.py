@@ -1,7 +1,7 @@
 """The token facade: one loaded tokenizer, its chat template, EOS ids and generation defaults.
 
 Everything here is synchronous and may be slow (rendering a long chat, tokenizing 100k tokens): the
-server calls it through `anyio.to_thread`, never on the event loop.
+server calls it on its render pool, and on the event loop only for small bodies (chat.render.INLINE_RENDER_MAX_BYTES).
 """
 
 from __future__ import annotations
@@ -11,9 +11,13 @@ import inspect
 import json
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
+
+from jinja2.runtime import LoopContext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
 from pyfront.server.text.segment_cache import PromptTokens, SegmentTokenizer
@@ -115,6 +119,49 @@ def _plain_copy(value: Any) -> Any:
     raise _NotPlain
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+"""Every attribute a ``dict`` instance has: all come from ``dict`` and ``object`` (no instance ``__dict__``)."""
+
+
+class _FastSandbox(ImmutableSandboxedEnvironment):
+    """transformers' chat-template sandbox with two exact shortcuts in attribute lookup.
+
+    A chat template reads ``message.role``, ``message.content``, ``content.startswith(...)`` and the like dozens
+    of times per message; in a profile of short chats, jinja's sandboxed ``getattr`` and its safety checks were
+    ~40% of the render. For an exact ``dict`` and a name no dict has as an attribute, jinja's ``getattr`` raises
+    and catches AttributeError, then returns ``obj[name]`` or undefined: ``getattr`` here goes there at once.
+    ``is_safe_attribute`` of the sandbox depends on the object's type and the name only (``is_internal_attribute``
+    and ``modifies_known_mutable`` are ``isinstance`` tests and set lookups; the value is not read), so for the
+    exact types a template's data and loop variables have (``str``, ``list``, ``dict``, jinja's ``LoopContext``
+    and the ``namespace`` class in the environment's globals) its answer is kept per (type, name): at most one
+    entry per attribute those types have. Every other object goes through the sandbox's own methods.
+
+    An instance is made by ``_FastChatRender.template`` from transformers' compiled environment (``overlay()``,
+    so its filters, globals and extensions are transformers' own), then given this class.
+    """
+
+    _safe_attributes: dict[tuple[type, str], bool]
+    _cached_types: frozenset[type]
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        kind = type(obj)
+        if kind in self._cached_types:
+            key = (kind, attr)
+            safe = self._safe_attributes.get(key)
+            if safe is None:
+                safe = self._safe_attributes[key] = super().is_safe_attribute(obj, attr, value)
+            return safe
+        return super().is_safe_attribute(obj, attr, value)
+
+
 class _FastChatRender:
     """``apply_chat_template(..., tokenize=False)`` for plain JSON messages, without the wrapper's generic work.
 
@@ -145,6 +192,8 @@ class _FastChatRender:
             raise _NotPlain(f"{type(hf).__name__} overrides apply_chat_template")
         self.hf = hf
         self.compile = ctu._compile_jinja_template
+        self.templates: dict[str, Any] = {}
+        self.lock = threading.Lock()
         self.alias = ctu._alias_reasoning_fields
         self.plain = ctu._plain_template_data
         reserved = {"messages", "self", "conversation", "conversations"}
@@ -182,7 +231,7 @@ class _FastChatRender:
             if docs is not None and (type(docs) is not list or any(type(doc) is not dict for doc in docs)):
                 return None
             hf = self.hf
-            compiled = self.compile(hf.get_chat_template(chat_template, tools))
+            compiled = self.template(hf.get_chat_template(chat_template, tools))
             template_kwargs = self.plain({**hf.special_tokens_map, **kwargs})
             return compiled.render(
                 messages=self.alias(chat),
@@ -193,6 +242,27 @@ class _FastChatRender:
             )
         except Exception:  # _NotPlain, or an error apply_chat_template will report in its own words
             return None
+
+    MAX_TEMPLATES = 8
+    """Compiled templates kept (the model's own, and a few a request brought with --trust-request-chat-template)."""
+
+    def template(self, source: str) -> Any:
+        """``source`` compiled in a ``_FastSandbox`` overlay of the environment transformers compiles it in."""
+        template = self.templates.get(source)
+        if template is None:
+            env = self.compile(source).environment.overlay()
+            env.__class__ = _FastSandbox
+            env._safe_attributes = {}
+            namespace = env.globals.get("namespace")
+            env._cached_types = frozenset(
+                {str, list, dict, LoopContext, *([namespace] if isinstance(namespace, type) else [])}
+            )
+            template = env.from_string(source)
+            with self.lock:
+                if len(self.templates) >= self.MAX_TEMPLATES:
+                    self.templates.pop(next(iter(self.templates)))
+                self.templates[source] = template
+        return template
 
 
 def _load_json(path: Path) -> dict[str, Any]:

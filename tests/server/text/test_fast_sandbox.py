@@ -1,0 +1,84 @@
+"""_FastSandbox (server/text/tokenizer.py): templates compiled in it render exactly as in transformers' own
+sandbox, and every sandbox refusal stays a refusal (same text, or the same exception type and message)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+from transformers.utils import chat_template_utils as ctu
+
+from pyfront.server.text.tokenizer import Tokenizer, _FastChatRender, _FastSandbox
+
+MESSAGES = [
+    {"role": "system", "content": "Be brief.", "items": "a key named like a dict method", "keys": 3},
+    {"role": "user", "content": "  hi <think>x</think> there  ", "tool_calls": [{"function": {"name": "f"}}]},
+    {"role": "assistant", "content": "", "reasoning_content": "r"},
+]
+
+TEMPLATES = [
+    # ordinary lookups: attributes of dicts, strings, loops and namespaces
+    "{% for m in messages %}{{ m.role }}:{{ m.content.strip() }}|{{ m.missing is defined }}{% endfor %}",
+    "{% set ns = namespace(n=0, found=false) %}{% for m in messages %}{% set ns.n = ns.n + loop.index %}"
+    "{% if loop.first %}F{% endif %}{% if loop.last %}L{{ loop.index0 }}{% endif %}{% endfor %}{{ ns.n }}",
+    "{{ messages[0].items() | list | length }}|{{ messages[0]['items'] }}|{{ messages[0].keys() | list | length }}"
+    "|{{ messages[0].keys is callable }}|{{ messages[1].get('role') }}",
+    "{{ messages[1].content.split('<think>')[0] }}{{ messages[1].content.startswith('  hi') }}",
+    "{% for m in messages %}{{ m.tool_calls[0].function.name if m.tool_calls else '-' }}{% endfor %}",
+    "{{ messages | tojson }}{{ '%s-%d'|format('a', 3) }}{{ '{0}'.format('b') }}",
+    "{{ messages[0].values() | list | length }}{{ messages[0].copy is defined }}",
+    # what the sandbox refuses
+    "{{ messages.__class__ }}",
+    "{{ ''.__class__.__mro__ }}",
+    "{{ messages[0].__class__.__subclasses__() }}",
+    "{{ messages.append(1) }}",
+    "{{ messages[0].clear() }}",
+    "{{ messages[0].update({'role': 'x'}) }}{{ messages[0].role }}",
+    "{{ messages[0].pop('role') }}",
+    "{% set ns = namespace() %}{{ ns.__init__ }}",
+    "{% for m in messages %}{{ loop.__class__ }}{% endfor %}",
+    "{{ raise_exception('refused') }}",
+    "{{ ''.format.__globals__ }}",
+    "{{ (messages[0].get).__self__ }}",
+]
+
+
+@cache
+def fast() -> _FastChatRender:
+    return _FastChatRender(Tokenizer("pyfront/qwen3-tokenizer").hf)
+
+
+def outcome(template: Any) -> tuple[str, str]:
+    try:
+        return "ok", template.render(messages=[dict(m) for m in MESSAGES])
+    except Exception as exc:  # the refusal itself is compared
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("source", TEMPLATES)
+def test_renders_and_refuses_as_transformers_sandbox(source: str) -> None:
+    ours = fast().template(source)
+    assert isinstance(ours.environment, _FastSandbox)
+    theirs = ctu._compile_jinja_template(source)
+    assert type(theirs.environment) is not _FastSandbox
+    for _ in range(2):  # the second time from the cached safety answers
+        assert outcome(ours) == outcome(theirs)
+
+
+def test_refusals_stay_refusals() -> None:
+    results = {source: outcome(fast().template(source)) for source in TEMPLATES}
+    assert results["{{ messages.append(1) }}"][0] == "SecurityError"
+    assert results["{{ messages[0].clear() }}"][0] == "SecurityError"
+    assert results["{{ raise_exception('refused') }}"] == ("TemplateError", "refused")
+    for source in TEMPLATES[TEMPLATES.index("{{ messages.__class__ }}") :]:
+        kind, text = results[source]
+        assert kind != "ok" or not any(leak in text for leak in ("class", "function", "dict", "object")), source
+
+
+def test_templates_are_kept_within_the_bound() -> None:
+    render = _FastChatRender(Tokenizer("pyfront/qwen3-tokenizer").hf)
+    for i in range(render.MAX_TEMPLATES + 5):
+        render.template(f"{{{{ {i} }}}}")
+    assert len(render.templates) == render.MAX_TEMPLATES
+    assert render.template("{{ 3 + 4 }}").render() == "7"
