@@ -130,7 +130,7 @@ def test_block_hashes_match_reference(tokens, block_size, salt) -> None:
     expected = reference_block_hashes(tokens, block_size, cfg.none_hash, salt)
     assert block_hashes(tokens, cfg, salt) == expected
     assert block_hashes(tuple(tokens), cfg, salt) == expected
-    memo = PrefixMemo(cfg, checkpoint_tokens=random.choice([1, 7, 64, 1024]))
+    memo = PrefixMemo(cfg, checkpoint_tokens=random.choice([1, 7, 64, 1024]), direct_max_blocks=0)
     assert memo.block_hashes(tokens, salt) == expected
     assert memo.block_hashes(tokens, salt) == expected  # second time from the memo
     blob = pack_block_hashes(expected, block_size)
@@ -162,7 +162,7 @@ def test_ids_outside_int32_are_hashed_as_pickle_would() -> None:
     ):
         expected = reference_block_hashes(tokens, 4, cfg.none_hash)
         assert block_hashes(tokens, cfg) == expected
-        memo = PrefixMemo(cfg, checkpoint_tokens=4)
+        memo = PrefixMemo(cfg, checkpoint_tokens=4, direct_max_blocks=0)
         assert memo.block_hashes(tokens) == expected
         assert memo.block_hashes(tokens) == expected
         # Ids the fingerprint cannot represent exactly are never memoized (bools would collide with 0/1).
@@ -175,7 +175,7 @@ def test_unpicklable_ids_are_refused() -> None:
     with pytest.raises(ValueError):
         block_hashes([1, lambda: 0], cfg)
     with pytest.raises(ValueError):
-        PrefixMemo(cfg).block_hashes([1, lambda: 0])
+        PrefixMemo(cfg, direct_max_blocks=0).block_hashes([1, lambda: 0])
 
 
 @pytest.mark.parametrize("salt", [b"abc", 7, ["abc"]])
@@ -255,7 +255,9 @@ def _conversation_turns(rng: random.Random, turns: int) -> list[tuple[list[int],
 def test_memo_equals_plain_over_random_conversations(seed, block_size) -> None:
     rng = random.Random(seed * 1000 + block_size)
     cfg = config(block_size)
-    memo = PrefixMemo(cfg, checkpoint_tokens=rng.choice([64, 256, 1024]), max_entries=rng.choice([2, 8, 1024]))
+    memo = PrefixMemo(
+        cfg, checkpoint_tokens=rng.choice([64, 256, 1024]), max_entries=rng.choice([2, 8, 1024]), direct_max_blocks=0
+    )
     for tokens, salt in _conversation_turns(rng, 30 if block_size > 1 else 8):
         assert memo.block_hashes(tokens, salt) == reference_block_hashes(tokens, block_size, cfg.none_hash, salt)
     stats = memo.stats
@@ -266,7 +268,7 @@ def test_memo_equals_plain_over_random_conversations(seed, block_size) -> None:
 
 def test_memo_reuses_prefix_and_counts() -> None:
     cfg = config(16)
-    memo = PrefixMemo(cfg, checkpoint_tokens=1024)
+    memo = PrefixMemo(cfg, checkpoint_tokens=1024, direct_max_blocks=0)
     rng = random.Random(1)
     turn1 = [rng.randrange(0, 151_000) for _ in range(5000)]
     turn2 = turn1 + [rng.randrange(0, 151_000) for _ in range(2000)]
@@ -298,7 +300,7 @@ def test_memo_checkpoint_rounds_to_block_size() -> None:
 
 def test_memo_eviction_keeps_results_exact() -> None:
     cfg = config(8)
-    memo = PrefixMemo(cfg, checkpoint_tokens=64, max_entries=2)
+    memo = PrefixMemo(cfg, checkpoint_tokens=64, max_entries=2, direct_max_blocks=0)
     rng = random.Random(7)
     prompts = [[rng.randrange(0, 1000) for _ in range(300)] for _ in range(5)]
     for _ in range(3):
@@ -312,7 +314,7 @@ def test_memo_eviction_keeps_results_exact() -> None:
 
 def test_memo_from_eight_threads_at_once() -> None:
     cfg = config(16)
-    memo = PrefixMemo(cfg, checkpoint_tokens=128, max_entries=16)
+    memo = PrefixMemo(cfg, checkpoint_tokens=128, max_entries=16, direct_max_blocks=0)
     rng = random.Random(3)
     base = [rng.randrange(0, 151_000) for _ in range(4000)]
     prompts = [
@@ -396,3 +398,21 @@ def test_event_loop_keeps_ticking_while_a_long_prompt_hashes() -> None:
     assert blob == pack_block_hashes(reference_block_hashes(tokens, 16, cfg.none_hash), 16)
     # Inline hashing would let the ticker run at most once or twice; off the loop it runs throughout.
     assert ticks_during > 50
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+def test_short_prompts_are_hashed_outright_with_the_same_chain(block_size: int) -> None:
+    """PrefixMemo.direct_max_blocks: prompts of at most that many blocks bypass the memo; the chain is the same."""
+    rng = random.Random(block_size)
+    cfg = config(block_size)
+    direct, memoized = PrefixMemo(cfg), PrefixMemo(cfg, direct_max_blocks=0)
+    assert direct.direct_max_blocks == hashing.memo.DIRECT_MAX_BLOCKS == 8
+    for blocks in [0, 1, 2, 7, 8, 9, 12, 8, 1]:
+        ids = [rng.randrange(1 << 17) for _ in range(blocks * block_size + rng.randrange(block_size))]
+        for salt in (None, "tenant-a"):
+            want = block_hashes(ids, cfg, salt)
+            assert direct.block_hashes(ids, salt) == want == memoized.block_hashes(ids, salt)
+    stats = direct.stats
+    # 16 calls had a full block; the two 9- and the two 12-block prompts went through the memo (entries, keys).
+    assert stats.requests == 16 and stats.entries == 4 and stats.hits == 0
+    assert stats.blocks_total == stats.blocks_hashed == 2 * (1 + 2 + 7 + 8 + 9 + 12 + 8 + 1)

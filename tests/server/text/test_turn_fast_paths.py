@@ -71,6 +71,7 @@ def test_checked_memo_equals_plain(seed, block_size) -> None:
         checkpoint_tokens=rng.choice([64, 256, 1024]),
         max_entries=rng.choice([2, 8, 1024]),
         recent_prompts=rng.choice([1, 2, 4]),
+        direct_max_blocks=0,
     )
     for tokens, salt in _chat_turns(rng, 40 if block_size > 1 else 10):
         checked = rng.random() < 0.8
@@ -83,7 +84,7 @@ def test_checked_memo_equals_plain(seed, block_size) -> None:
 
 def test_checked_memo_growing_chat_serializes_only_the_new_turn() -> None:
     cfg = config(16)
-    memo = PrefixMemo(cfg)
+    memo = PrefixMemo(cfg, direct_max_blocks=0)
     rng = random.Random(5)
     tokens: list[int] = []
     for turn in range(6):
@@ -106,7 +107,7 @@ def test_checked_memo_growing_chat_serializes_only_the_new_turn() -> None:
 
 def test_checked_memo_takes_the_deepest_known_prefix() -> None:
     cfg = config(16)
-    memo = PrefixMemo(cfg, checkpoint_tokens=64)
+    memo = PrefixMemo(cfg, checkpoint_tokens=64, direct_max_blocks=0)
     rng = random.Random(9)
     short = [rng.randrange(0, 151_000) for _ in range(1000)]
     long = short + [rng.randrange(0, 151_000) for _ in range(3000)]
@@ -122,7 +123,7 @@ def test_checked_memo_equal_values_other_objects_and_no_recent() -> None:
     rng = random.Random(2)
     base = [rng.randrange(1000, 151_000) for _ in range(500)]
     for recent in (0, 4):
-        memo = PrefixMemo(cfg, recent_prompts=recent)
+        memo = PrefixMemo(cfg, recent_prompts=recent, direct_max_blocks=0)
         memo.block_hashes(base, checked=True)
         # Equal ids that are other int objects (as a JSON decoder makes them) compare equal and hash the same.
         copy = [int(str(t)) for t in base] + [7, 8, 9] * 10
@@ -132,12 +133,12 @@ def test_checked_memo_equal_values_other_objects_and_no_recent() -> None:
         assert memo.block_hashes(tuple(copy), checked=True) == reference_block_hashes(copy, 8, cfg.none_hash)
         assert memo.block_hashes(copy, "s", checked=True) == reference_block_hashes(copy, 8, cfg.none_hash, "s")
     with pytest.raises(ValueError):
-        PrefixMemo(cfg, recent_prompts=-1)
+        PrefixMemo(cfg, recent_prompts=-1, direct_max_blocks=0)
 
 
 def test_unchecked_bools_never_reuse_a_recent_prompt() -> None:
     cfg = config(4)
-    memo = PrefixMemo(cfg)
+    memo = PrefixMemo(cfg, direct_max_blocks=0)
     ids = [1, 0, 1, 1, 5, 6, 7, 8]
     memo.block_hashes(ids, checked=True)
     bools = [True, False, True, True, 5, 6, 7, 8, 9, 10, 11, 12]  # == ids on the prefix, different pickles
@@ -147,7 +148,7 @@ def test_unchecked_bools_never_reuse_a_recent_prompt() -> None:
 
 def test_checked_memo_from_threads() -> None:
     cfg = config(16)
-    memo = PrefixMemo(cfg, checkpoint_tokens=128, max_entries=8, recent_prompts=3)
+    memo = PrefixMemo(cfg, checkpoint_tokens=128, max_entries=8, recent_prompts=3, direct_max_blocks=0)
     rng = random.Random(4)
     base = [rng.randrange(0, 151_000) for _ in range(3000)]
     prompts = [base[: rng.randrange(0, 3000)] + [rng.randrange(0, 151_000) for _ in range(300)] for _ in range(24)]
