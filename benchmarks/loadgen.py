@@ -9,8 +9,8 @@ Scenarios (all against /v1/chat/completions):
 - ``streams`` ``--streams N`` connections opened first, then N streamed requests fired at once, each for
   ``--max-tokens`` tokens (``ignore_eos``, ``stream_options.include_usage``). Per stream: the wall time just before
   the request is written, the time of the first SSE event carrying non-empty ``content`` (TTFT), the end, and
-  ``usage.completion_tokens``. SSE bodies are not JSON-decoded: the raw bytes are scanned with two regexes, so the
-  client stays cheap.
+  ``usage.completion_tokens`` (``--n`` choices per request: n > 1 samples at temperature 1). SSE bodies are not
+  JSON-decoded: the raw bytes are scanned with two regexes, so the client stays cheap.
 - ``chat``    one keep-alive connection, one conversation of ``--turns`` turns: every turn appends a user message of
   about ``--turn-tokens`` tokens of English prose (sentences from a fixed corpus, counted with the model's
   tokenizer.json) and the assistant's previous reply; ``--max-tokens`` small. Per turn: send wall time, end, prompt
@@ -322,7 +322,7 @@ def pct(values: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def body(model: str, messages: list[dict], max_tokens: int, stream: bool) -> bytes:
+def body(model: str, messages: list[dict], max_tokens: int, stream: bool, n: int = 1) -> bytes:
     b: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -331,6 +331,8 @@ def body(model: str, messages: list[dict], max_tokens: int, stream: bool) -> byt
         "ignore_eos": True,
         "stream": stream,
     }
+    if n > 1:  # several choices need sampling: greedy n > 1 is refused, as vLLM refuses it
+        b["n"], b["temperature"] = n, 1.0
     if stream:
         b["stream_options"] = {"include_usage": True}
     return json.dumps(b).encode()
@@ -390,7 +392,7 @@ async def scenario_streams(a: argparse.Namespace, host: str, port: int) -> dict[
     conns = [Conn(host, port) for _ in range(a.streams)]
     await asyncio.gather(*(c.open() for c in conns))
     payloads = [
-        body(a.model, [{"role": "user", "content": f"Stream {i}: {CORPUS[i % len(CORPUS)]}"}], a.max_tokens, True)
+        body(a.model, [{"role": "user", "content": f"Stream {i}: {CORPUS[i % len(CORPUS)]}"}], a.max_tokens, True, a.n)
         for i in range(a.streams)
     ]
     win = Window(a.fe_pgid, a.mock_pgid)
@@ -412,7 +414,7 @@ async def scenario_streams(a: argparse.Namespace, host: str, port: int) -> dict[
         "ok": len(ok),
         "errors": [r for r in recs if "error" in r][:5],
         "n_errors": len(recs) - len(ok),
-        "short_streams": sum(1 for r in ok if (r["tokens"] or 0) != a.max_tokens),
+        "short_streams": sum(1 for r in ok if (r["tokens"] or 0) != a.max_tokens * a.n),
         "no_done": sum(1 for r in ok if not r["done"]),
         "tokens": tokens,
         **w,
@@ -580,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer-json", default=None, help="tokenizer.json used to size the chat messages")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=64, help="rps: connections sending at once")
+    p.add_argument("--n", type=int, default=1, help="streams: choices per request (n > 1 samples, temperature 1)")
     a = p.parse_args(argv)
     m = re.match(r"http://([^:/]+):(\d+)", a.url)
     if not m:

@@ -125,6 +125,8 @@ class Router:
         """
         if not engines:
             return None
+        if len(engines) == 1 and prefix_blocks is None:  # what the general case gives, without its lists
+            return Decision(engines[0], "load", 0) if engines[0].healthy else None
         order = [e for e in self._rotation(engines) if e.healthy]
         if not order:
             return None

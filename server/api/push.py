@@ -1,4 +1,4 @@
-"""Push streaming: a one-choice stream written from the engine client's output loop, no task switch per token."""
+"""Push streaming: a streamed response written from the engine client's output loop, no task switch per token."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from pyfront.server.generate.generation import Choice
 from pyfront.server.metrics import Metrics
 
 
-class OneChoice(Protocol):
-    """What PushStream needs of the request's Generation: one choice with its engine stream, and its timers.
+class Streamed(Protocol):
+    """What PushStream needs of each of the response's Generations: its choices with their engine streams, and
+    its timers.
 
-    A Generation is one; tests drive PushStream with a small fake instead (tests/server/api/test_push.py).
+    A Generation is one (n choices of one prompt; a completions request with several prompts has one per
+    prompt); tests drive PushStream with a small fake instead (tests/server/api/test_push.py).
     """
 
     keepalive: float | None
@@ -39,25 +41,48 @@ class OneChoice(Protocol):
         ...
 
 
-class PushStream:
-    """A streamed response with one choice, written from the engine client's output loop.
+class _ChoiceListener:
+    """One choice's engine stream listener: hands its outputs and error to the PushStream with the choice."""
 
-    The general path (api.streaming.stream_frames under SSEResponse) wakes the request's task for
-    every engine output. Here the choice's RequestStream hands each output to `on_output` while the
-    engine's batch is routed; it renders the same frames (ChatFrames / CompletionFrames) and writes them
-    with the server's `send` at once. Sending a body chunk completes without suspending unless the
-    client stopped reading (flow control), so the send coroutine is driven by hand; if it does suspend,
-    the request's task resumes it exactly as an asyncio Task would (await the future it yielded, then
-    `send(None)`), and later frames queue behind it in order. The task wakes only for that, at the end,
-    on an error, and on keep-alive / deadline timers: not once per token.
+    __slots__ = ("choice", "push")
+
+    def __init__(self, push: PushStream, choice: Choice) -> None:
+        self.push = push
+        self.choice = choice
+
+    def on_output(self, output: EngineCoreOutput) -> None:
+        self.push.on_output(self.choice, output)
+
+    def on_error(self, error: BaseException) -> None:
+        self.push.on_error(self.choice, error)
+
+
+class PushStream:
+    """A streamed response, every choice of every generation, written from the engine client's output loop.
+
+    The general path (api.streaming.stream_frames, which background responses still use) wakes the request's
+    task for every engine output, and with several choices runs a pump task per choice. Here each choice's
+    RequestStream hands each output to `on_output` while the engine's batch is routed; it renders the same
+    frames (ChatFrames / CompletionFrames / ...) and writes them with the server's `send` at once, in the
+    order the outputs arrive. Sending a body chunk completes without suspending unless the client stopped
+    reading (flow control), so the send coroutine is driven by hand; if it does suspend, the request's task
+    resumes it exactly as an asyncio Task would (await the future it yielded, then `send(None)`), and later
+    frames queue behind it in order. The task wakes only for that, at the end, on an error, and on
+    keep-alive / deadline timers: not once per token, whatever n is.
+
+    The stream ends when every choice is done (its final output, a stop string, or an abort from outside,
+    which ends that choice as the general path ends it); any other error ends it with one error event.
     """
 
-    def __init__(self, generation: OneChoice, frames: Frames, metrics: Metrics) -> None:
-        assert len(generation.choices) == 1
+    def __init__(self, generations: Sequence[Streamed], frames: Frames, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.generation = generation
-        self.choice = generation.choices[0]
+        self.generations = generations
+        # As Generation.batches: the choices that have an engine stream (all of them once a Generation started).
+        self.choices = [choice for generation in generations for choice in generation.choices if choice.stream]
+        assert self.choices
         self.frames = frames
+        self._open = len(self.choices)
+        """Choices not done yet."""
         self._send: Callable[[Message], Coroutine[Any, Any, None]] | None = None
         """The server's `send`: an async def, so each call returns a coroutine that `_write` drives by hand."""
         self._pending: tuple[Any, Any] | None = None
@@ -71,27 +96,38 @@ class PushStream:
 
     # -------------------------------------------------- called from the output loop (must not raise)
 
-    def on_output(self, output: EngineCoreOutput) -> None:
-        if self._done or self._error is not None:
+    def on_output(self, choice: Choice, output: EngineCoreOutput) -> None:
+        if self._done or self._error is not None or choice.done:
             return
         try:
-            chunk = self.frames.output(self.choice, output)
+            chunk = self.frames.output(choice, output)
         except Exception as exc:  # raised in the request's task by run()
             self._error = exc
             self._wake()
             return
-        if self.choice.done:
-            self._done = True
+        if choice.done:
+            self._choice_ended()
         if chunk:
             self._write(chunk)
         if self._done:
             self._wake()
 
-    def on_error(self, error: BaseException) -> None:
+    def _choice_ended(self) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self._done = True
+
+    def on_error(self, choice: Choice, error: BaseException) -> None:
         if self._done:
             return
         if isinstance(error, RequestAbortedError):
-            self._done = True  # aborted here (or by an admin): the stream ends as the general path ends it
+            # Aborted here (a stop string matched: the choice is done already) or by an admin: the choice
+            # ends as the general path ends it, and the others go on.
+            if not choice.done:
+                choice.done = True
+                self._choice_ended()
+            if not self._done:
+                return
         else:
             self._error = error
         self._wake()
@@ -163,13 +199,15 @@ class PushStream:
 
     async def _wait(self) -> None:
         """Until something needs the task, or the next keep-alive / deadline check is due."""
-        generation = self.generation
+        generations = self.generations
+        first = generations[0]  # one request: its generations share the keep-alive and the deadline
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         timeout = None
-        keepalive, deadline = generation.keepalive, generation.deadline
+        keepalive, deadline = first.keepalive, first.deadline
+        last_output_at = max(g.last_output_at for g in generations) if len(generations) > 1 else first.last_output_at
         if keepalive is not None:
-            timeout = max(0.0, keepalive - (now - generation.last_output_at))
+            timeout = max(0.0, keepalive - (now - last_output_at))
         if deadline is not None:
             timeout = deadline - now if timeout is None else min(timeout, deadline - now)
         attention = self._attention = loop.create_future()
@@ -185,8 +223,9 @@ class PushStream:
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             raise DeadlineExceeded("the request deadline passed before the engine finished")
-        if keepalive is not None and now - generation.last_output_at >= keepalive:
-            generation.last_output_at = now
+        if keepalive is not None and now - last_output_at >= keepalive:
+            for generation in generations:
+                generation.last_output_at = now
             self._write(KEEPALIVE_FRAME)
 
     async def _flush(self) -> None:
@@ -195,15 +234,15 @@ class PushStream:
 
     async def run(self, send: Send) -> None:
         """Stream the response body (the response start is sent by SSEResponse)."""
-        generation = self.generation
-        stream = self.choice.stream
-        assert stream is not None
         self._send = cast("Callable[[Message], Coroutine[Any, Any, None]]", send)  # ASGI servers' send is an async def
         try:
-            for output in stream.listen(self):
-                self.on_output(output)
-            if stream.error is not None:
-                self.on_error(stream.error)
+            for choice in self.choices:
+                stream = choice.stream
+                assert stream is not None
+                for output in stream.listen(_ChoiceListener(self, choice)):
+                    self.on_output(choice, output)
+                if stream.error is not None:
+                    self.on_error(choice, stream.error)
             while True:
                 if self._pending is not None:
                     await self._resume_pending()
@@ -213,16 +252,17 @@ class PushStream:
                     break
                 else:
                     await self._wait()
-            generation.finish_metrics()
+            for generation in self.generations:
+                generation.finish_metrics()
             self._write(self.frames.closing())
             await self._flush()
         except asyncio.CancelledError:
             self._done = True
-            await generation.abort()
+            await self._abort()
             raise
         except BaseException as exc:
             self._done = True
-            await generation.abort()
+            await self._abort()
             if self._send_failed:
                 raise  # nobody to tell: SSEResponse ends a response whose client went away quietly
             error = to_api_error(exc)
@@ -235,5 +275,11 @@ class PushStream:
             await self._flush()
         finally:
             self._done = True
-            stream.listen(None)
+            for choice in self.choices:
+                if choice.stream is not None:
+                    choice.stream.listen(None)
+            await self._abort()
+
+    async def _abort(self) -> None:
+        for generation in self.generations:
             await generation.abort()

@@ -1,8 +1,9 @@
-"""A streamed answer's SSE response, and the general streaming path (n > 1 or several prompts).
+"""A streamed answer's SSE response, and the general streaming path that background responses run.
 
-`streamed_response` is the one place that picks the path: one choice is written by `api.push.PushStream`
-from the engine client's output loop; anything else runs `stream_frames` in the request's task. Both render
-with the same frames (`api.chat.frames.ChatFrames`, `api.completions.frames.CompletionFrames`).
+`streamed_response` makes every streamed HTTP answer (any n, any number of prompts): `api.push.PushStream`
+writes it from the engine client's output loop. `stream_frames` runs in a task and yields the body instead:
+a background response (api.responses_api.background) has no client to write to, only an event log. Both
+render with the same frames (`api.chat.frames.ChatFrames`, `api.completions.frames.CompletionFrames`, ...).
 """
 
 from __future__ import annotations
@@ -24,18 +25,15 @@ def streamed_response(
     state: ServingState,
     frames: Frames,
     generations: list[Generation],
-    batches: Callable[[], AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]],
     headers: dict[str, str],
     on_close: Callable[[], None],
 ) -> SSEResponse:
-    """The SSE response: PushStream for a single choice, else `stream_frames` over `batches()`.
+    """The SSE response of `generations` (every choice of each), written by a PushStream.
 
     `on_close` runs once the response has ended, however it ended (it releases the admission).
     """
-    if len(generations) == 1 and len(generations[0].choices) == 1:
-        pusher = PushStream(generations[0], frames, state.metrics)
-        return SSEResponse(None, headers, on_close=on_close, pusher=pusher)
-    return SSEResponse(stream_frames(state, batches(), frames, generations), headers, on_close=on_close)
+    pusher = PushStream(generations, frames, state.metrics)
+    return SSEResponse(None, headers, on_close=on_close, pusher=pusher)
 
 
 async def stream_frames(

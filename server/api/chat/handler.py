@@ -57,9 +57,7 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
         if body.stream:
             streamed, admission = admission, None  # released when the stream ends
             frames = ChatFrames(state, body, generation, response_id, model)
-            return streamed_response(
-                state, frames, [generation], generation.batches, response_headers, streamed.release
-            )
+            return streamed_response(state, frames, [generation], response_headers, streamed.release)
         result = await chat_full(state, body, generation, response_id, model)
         return EncodedJSON(_encode(result), response_headers)
     finally:

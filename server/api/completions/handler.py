@@ -62,7 +62,7 @@ async def completion_response(
         if body.stream:
             streamed, admission = admission, None  # released when the stream ends
             frames = CompletionFrames(state, body, batch, response_id, model)
-            return streamed_response(state, frames, generations, batch.batches, response_headers, streamed.release)
+            return streamed_response(state, frames, generations, response_headers, streamed.release)
         result = await completion_full(state, body, batch, response_id, model)
         return EncodedJSON(_encode(result), response_headers)
     finally:

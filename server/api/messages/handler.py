@@ -73,9 +73,7 @@ async def messages_response(state: ServingState, config: ServerConfig, raw: byte
         if chat.stream:
             streamed, admission = admission, None  # released when the stream ends
             frames = MessagesFrames(generation, message_id, model)
-            return streamed_response(
-                state, frames, [generation], generation.batches, response_headers, streamed.release
-            )
+            return streamed_response(state, frames, [generation], response_headers, streamed.release)
         result = await messages_full(generation, message_id, model)
         return EncodedJSON(_encode(result), response_headers)
     finally:

@@ -133,9 +133,7 @@ async def responses_response(
         if body.stream:
             streamed, admission = admission, None  # released when the stream ends
             frames = ResponsesFrames(state, body, chat, generation, response_id, model, on_complete)
-            return streamed_response(
-                state, frames, [generation], generation.batches, response_headers, streamed.release
-            )
+            return streamed_response(state, frames, [generation], response_headers, streamed.release)
         try:
             await fold_outputs(generation.batches())
         except BaseException:

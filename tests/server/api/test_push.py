@@ -1,4 +1,4 @@
-"""PushStream on its own: a fake `send` and a fake one-choice generation, no server, no engine.
+"""PushStream on its own: a fake `send` and fake generations (one or several choices), no server, no engine.
 
 PushStream drives the server's `send` coroutine by hand from the engine client's output loop; these tests
 pin what that must guarantee whatever `send` does: every frame once and in order, the closing frames last,
@@ -34,7 +34,7 @@ class FakeChoice:
 
 @dataclass
 class FakeGeneration:
-    """The OneChoice protocol: one choice, its timers, and what abort / finish_metrics were asked."""
+    """The Streamed protocol: its choices, its timers, and what abort / finish_metrics were asked."""
 
     choices: list[FakeChoice]
     keepalive: float | None = None
@@ -121,7 +121,7 @@ async def test_outputs_before_and_after_run_are_written_once_in_order() -> None:
     stream, generation, metrics = setup()
     frames = FakeFrames()
     send = FakeSend()
-    push = PushStream(generation, frames, metrics)
+    push = PushStream([generation], frames, metrics)
     stream.push(output(1))  # buffered before the stream listens: taken first by run()
     task = asyncio.create_task(push.run(send))
     await asyncio.sleep(0)
@@ -137,7 +137,7 @@ async def test_outputs_before_and_after_run_are_written_once_in_order() -> None:
 async def test_a_send_that_suspends_keeps_later_frames_in_order() -> None:
     stream, generation, metrics = setup()
     send = FakeSend(block_at=1)  # the second frame meets a slow client
-    push = PushStream(generation, FakeFrames(), metrics)
+    push = PushStream([generation], FakeFrames(), metrics)
     task = asyncio.create_task(push.run(send))
     await asyncio.sleep(0)
     for i in range(1, 5):
@@ -155,7 +155,7 @@ async def test_a_send_that_suspends_keeps_later_frames_in_order() -> None:
 async def test_a_rendering_error_ends_the_stream_with_one_error_event_and_aborts() -> None:
     stream, generation, metrics = setup()
     send = FakeSend()
-    push = PushStream(generation, FakeFrames(fail_on=2), metrics)
+    push = PushStream([generation], FakeFrames(fail_on=2), metrics)
     task = asyncio.create_task(push.run(send))
     await asyncio.sleep(0)
     stream.push(output(1))
@@ -175,7 +175,7 @@ async def test_a_rendering_error_ends_the_stream_with_one_error_event_and_aborts
 async def test_an_engine_abort_ends_the_stream_normally() -> None:
     stream, generation, metrics = setup()
     send = FakeSend()
-    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
     await asyncio.sleep(0)
     stream.push(output(1))
     stream.fail(RequestAbortedError("aborted"))
@@ -187,7 +187,7 @@ async def test_keepalive_comments_while_the_engine_is_silent() -> None:
     stream, generation, metrics = setup(keepalive=0.02)
     generation.last_output_at = time.monotonic()
     send = FakeSend()
-    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
     await asyncio.sleep(0.09)
     stream.push(output(1, finish=FinishReason.STOP))
     await asyncio.wait_for(task, 2)
@@ -199,7 +199,7 @@ async def test_keepalive_comments_while_the_engine_is_silent() -> None:
 async def test_the_deadline_fails_the_stream_with_a_timeout_event() -> None:
     _, generation, metrics = setup(deadline=time.monotonic() + 0.03)
     send = FakeSend()
-    await asyncio.wait_for(PushStream(generation, FakeFrames(), metrics).run(send), 2)
+    await asyncio.wait_for(PushStream([generation], FakeFrames(), metrics).run(send), 2)
     events = re.findall(r"^data: (\{.*\})$", send.text, re.M)
     assert [json.loads(e)["error"]["code"] for e in events] == [504]
     assert generation.aborts >= 1
@@ -208,7 +208,7 @@ async def test_the_deadline_fails_the_stream_with_a_timeout_event() -> None:
 async def test_a_client_that_leaves_cancels_the_task_and_aborts_the_engine_request() -> None:
     stream, generation, metrics = setup()
     send = FakeSend()
-    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
     await asyncio.sleep(0)
     stream.push(output(1))
     task.cancel()  # what SSEResponse does on http.disconnect
@@ -222,7 +222,7 @@ async def test_a_client_that_leaves_cancels_the_task_and_aborts_the_engine_reque
 async def test_a_send_that_fails_stops_writing_and_aborts() -> None:
     stream, generation, metrics = setup()
     send = FakeSend(fail_at=1)
-    task = asyncio.create_task(PushStream(generation, FakeFrames(), metrics).run(send))
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
     await asyncio.sleep(0)
     for i in range(1, 4):
         stream.push(output(i))
@@ -230,3 +230,83 @@ async def test_a_send_that_fails_stops_writing_and_aborts() -> None:
         await asyncio.wait_for(task, 2)  # SSEResponse treats OSError from send as the client gone
     assert send.bodies == [b"tok:[1]\n"]
     assert generation.aborts >= 1
+
+
+def setup_many(choices: int, generations: int = 1) -> tuple[list[RequestStream], list[FakeGeneration], Metrics]:
+    """`generations` fake generations of `choices` choices each (n > 1, or a completions request's prompts)."""
+    streams: list[RequestStream] = []
+    gens = []
+    for g in range(generations):
+        mine = [RequestStream(f"r{g}-{c}", 0) for c in range(choices)]
+        streams += mine
+        gens.append(FakeGeneration([FakeChoice(s) for s in mine]))
+    return streams, gens, Metrics("m", lambda: None)
+
+
+async def test_several_choices_interleave_in_arrival_order_and_close_once_after_the_last() -> None:
+    streams, generations, metrics = setup_many(2, generations=2)
+    send = FakeSend()
+    streams[3].push(output(30))  # buffered before run: taken first, in choice order
+    task = asyncio.create_task(PushStream(generations, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    streams[0].push(output(1))
+    streams[2].push(output(20, finish=FinishReason.STOP))
+    streams[1].push(output(10))
+    streams[0].push(output(2, finish=FinishReason.LENGTH))
+    streams[2].push(output(21))  # after its choice ended: dropped
+    streams[1].push(output(11, finish=FinishReason.STOP))
+    await asyncio.sleep(0.01)
+    assert not task.done()  # the fourth choice is still open
+    streams[3].push(output(31, finish=FinishReason.STOP))
+    await asyncio.wait_for(task, 2)
+    body = "tok:[30]\ntok:[1]\ntok:[20]\ntok:[10]\ntok:[2]\ntok:[11]\ntok:[31]\n"
+    assert send.text == body + "closing\n" + DONE_FRAME.decode()
+    assert [g.finished for g in generations] == [1, 1]
+    assert all(g.aborts >= 1 for g in generations)
+
+
+async def test_an_abort_of_one_choice_ends_that_choice_only() -> None:
+    streams, generations, metrics = setup_many(3)
+    send = FakeSend()
+    task = asyncio.create_task(PushStream(generations, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    streams[1].fail(RequestAbortedError("aborted by an admin"))
+    streams[0].push(output(1, finish=FinishReason.STOP))
+    await asyncio.sleep(0.01)
+    assert not task.done()
+    streams[2].push(output(3, finish=FinishReason.STOP))
+    await asyncio.wait_for(task, 2)
+    assert send.text == "tok:[1]\ntok:[3]\nclosing\n" + DONE_FRAME.decode()
+
+
+async def test_an_engine_error_on_one_choice_fails_the_whole_stream_and_aborts_every_generation() -> None:
+    streams, generations, metrics = setup_many(2, generations=2)
+    send = FakeSend()
+    task = asyncio.create_task(PushStream(generations, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    streams[0].push(output(1))
+    streams[3].fail(RuntimeError("engine died"))
+    streams[1].push(output(2))  # after the error: dropped
+    await asyncio.wait_for(task, 2)
+    events = re.findall(r"^data: (\{.*\})$", send.text, re.M)
+    assert send.bodies[0] == b"tok:[1]\n" and "tok:[2]" not in send.text
+    assert [json.loads(e)["error"]["code"] for e in events] == [500]
+    assert all(g.aborts >= 1 for g in generations) and all(g.finished == 0 for g in generations)
+
+
+async def test_keepalive_with_several_generations_counts_from_the_latest_output() -> None:
+    streams, generations, metrics = setup_many(1, generations=2)
+    now = time.monotonic()
+    for g in generations:
+        g.keepalive = 0.05
+    generations[0].last_output_at, generations[1].last_output_at = now - 10, now
+    send = FakeSend()
+    task = asyncio.create_task(PushStream(generations, FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0.02)
+    assert KEEPALIVE_FRAME not in send.bodies  # the second generation's output was recent
+    await asyncio.sleep(0.06)
+    assert KEEPALIVE_FRAME in send.bodies
+    assert generations[0].last_output_at == generations[1].last_output_at > now
+    for s in streams:
+        s.push(output(1, finish=FinishReason.STOP))
+    await asyncio.wait_for(task, 2)
