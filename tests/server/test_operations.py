@@ -202,3 +202,13 @@ def test_sigterm_drains_streams_then_exits_cleanly(tmp_path) -> None:
     # Nothing left behind: the mock engine subprocess went with the server.
     leftovers = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.strip()
     assert leftovers == ""
+
+
+def test_the_collector_is_tuned_once_the_server_has_started(ops) -> None:
+    """app.GC_YOUNG_THRESHOLD: the start-up heap frozen out of collections, young collections less often."""
+    import gc
+
+    from pyfront.server.app import GC_YOUNG_THRESHOLD
+
+    assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+    assert gc.get_freeze_count() > 0
