@@ -45,6 +45,7 @@ from pyfront.engine_client.client import EngineClient, EngineClientConfig
 from pyfront.engine_client.mock_engine import DEFAULT_WORD_IDS
 from pyfront.engine_client.protocol import EngineCoreRequest, FinishReason, RequestOutputKind, SamplingParams
 from pyfront.hashing import HashConfig, block_hashes, default_none_hash
+from pyfront.server.access_log import FLUSH_AFTER_S
 from pyfront.server.text.bundled_tokenizer import ensure_qwen3_tokenizer
 from tests.conftest import REPO_ROOT
 from tools.real_engine import engine as real_engine
@@ -800,6 +801,8 @@ def test_vllm_bench_serve_against_pyfront(tiny_model: Path, vllm_venv: Path, tok
             summary_path.write_text(f"$ {' '.join(cmd)}\n{summary}\n")
             print(f"\n$ {' '.join(cmd)}\n({took:.1f} s, exit {proc.returncode}; summary in {summary_path})\n{summary}")
 
+            # pyfront writes its access lines within FLUSH_AFTER_S (server/access_log.py): wait that long, twice.
+            time.sleep(2 * FLUSH_AFTER_S)
             pyfront_log_text = pyfront_log.read_text(errors="replace")
             # vLLM's stderr ends with nanobind's (harmless) leak report at exit: left out.
             stderr = [ln for ln in proc.stderr.splitlines() if "nanobind" not in ln and "leaked" not in ln]
