@@ -60,6 +60,9 @@ def clients_venv() -> Path:
     return venv
 
 
+CLIENT_EXIT_GRACE_S = 5.0
+
+
 def _run_client(cmd: list[str], what: str, log_path: Path, timeout: float = CLIENT_TIMEOUT_S) -> str:
     """Run a client to completion in its own process group (killed with it on a timeout); its stdout."""
     env = {**os.environ, **CLIENT_ENV}
@@ -73,10 +76,14 @@ def _run_client(cmd: list[str], what: str, log_path: Path, timeout: float = CLIE
         except subprocess.TimeoutExpired:
             real_engine.stop_group(proc.pid, grace=5, proc=proc)
             pytest.fail(f"{what} ran over {timeout:.0f} s; log {log_path}:\n{_tail(log_path)}")
-    left = real_engine.group_pids(proc.pid)
+    # A client's worker processes may still be exiting when its main process has (guidellm's did, once in CI:
+    # one worker alive at the first look): a process still there CLIENT_EXIT_GRACE_S later is one it left running.
+    deadline = time.monotonic() + CLIENT_EXIT_GRACE_S
+    while (left := real_engine.group_pids(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     if left:
         real_engine.stop_group(proc.pid, grace=5)
-    assert not left, f"{what} left processes running: {left}"
+    assert not left, f"{what} left processes running {CLIENT_EXIT_GRACE_S:g} s after it exited: {left}"
     if proc.returncode != 0:
         pytest.fail(f"{what} exited {proc.returncode}; log {log_path}:\n{_tail(log_path)}", pytrace=False)
     return stdout.decode(errors="replace")
