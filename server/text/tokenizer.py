@@ -37,10 +37,6 @@ GENERATION_CONFIG_KEYS = (
 )
 """The ``generation_config.json`` keys vLLM takes request defaults from (``get_diff_sampling_param``)."""
 
-# vLLM's _DEFAULT_SAMPLING_PARAMS (same for chat and completions), in its order.
-
-# vLLM's _DEFAULT_SAMPLING_PARAMS (same for chat and completions), in its order.
-
 
 def generation_defaults_from_config(generation_config: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM's ``ModelConfig.get_diff_sampling_param`` for ``--generation-config auto``.
@@ -268,6 +264,53 @@ class _FastChatRender:
         return template
 
 
+REBUILD_INPUTS = ("_vocab", "_merges")
+"""What transformers 5's model tokenizer classes keep after building their backend from it: ``Qwen2Tokenizer``,
+``LlamaTokenizer`` and others store the vocab dict and the merges list they hand to ``tokenizers``' BPE (151k entries
+each for Qwen: ~46 MB of Python objects, a quarter of the server's memory)."""
+
+
+def _code_reads(code: Any, names: frozenset[str]) -> bool:
+    """Whether a code object (or one nested in it) names one of ``names`` (an attribute, or a string constant as in
+    ``getattr(self, "_vocab")``)."""
+    if names.intersection(code.co_names):
+        return True
+    return any(
+        (isinstance(const, str) and const in names) or (hasattr(const, "co_names") and _code_reads(const, names))
+        for const in code.co_consts
+    )
+
+
+def release_rebuild_inputs(hf: Any) -> str:
+    """Drop :data:`REBUILD_INPUTS` from a loaded tokenizer when nothing can read them again; say what was done.
+
+    Exact: the backend was built from them and holds its own Rust copy (``BPE(vocab, merges)`` converts them), so
+    encode, decode and the vocabulary are the backend's either way. They are dropped only when no method of the
+    tokenizer's classes but ``__init__`` names them (checked on the code, so a class that reads them later, as
+    transformers' ``WhisperTokenizer.save_vocabulary`` and ``LayoutXLMTokenizer._get_token_id`` do, keeps them), and
+    pyfront itself never reads them.
+    """
+    present = [name for name in REBUILD_INPUTS if name in vars(hf)]
+    if not present:
+        return "nothing to release"
+    names = frozenset(present)
+    for cls in type(hf).__mro__:
+        for attr_name, attr in vars(cls).items():
+            if attr_name == "__init__":
+                continue
+            funcs = (
+                (attr.fget, attr.fset, attr.fdel) if isinstance(attr, property) else (getattr(attr, "__func__", attr),)
+            )
+            for func in funcs:
+                code = getattr(func, "__code__", None)
+                if code is not None and _code_reads(code, names):
+                    return f"kept {', '.join(present)}: {cls.__name__}.{attr_name} reads them"
+    sizes = ", ".join(f"{name} ({len(vars(hf)[name])} entries)" for name in present)
+    for name in present:
+        delattr(hf, name)
+    return f"released {sizes}"
+
+
 def _load_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -328,6 +371,9 @@ class Tokenizer:
         # The backend is shared, not copied (~120 MB for Qwen): the server never asks for truncation or padding,
         # so transformers never changes the backend's settings under the cache's feet.
         self.segments = SegmentTokenizer(self.hf, share_backend=True)
+        self.released = release_rebuild_inputs(self.hf)
+        """What :func:`release_rebuild_inputs` did with the Python copies of the vocab and merges."""
+        logger.debug("tokenizer %s: %s", name_or_path, self.released)
         if self.has_chat_template:
             # Compile the template now: the first chat requests would otherwise pay for it (tens of ms).
             with contextlib.suppress(Exception):
