@@ -217,6 +217,7 @@ class Metrics:
                              **gauge_mode).labels(model_name)  # fmt: skip
         self.success = Counter("vllm:request_success", "Finished requests by finish reason",
                                [*labels, "finished_reason"], registry=r)  # fmt: skip
+        self._success_by_reason: dict[str, Any] = {}
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", labels, registry=r).labels(model_name)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens", labels,
                                          registry=r).labels(model_name)  # fmt: skip
@@ -275,7 +276,10 @@ class Metrics:
                 gauge.set(getattr(stats, field))
 
     def finished(self, reason: str) -> None:
-        self.success.labels(self.model_name, reason).inc()
+        child = self._success_by_reason.get(reason)
+        if child is None:  # a closed set (vLLM's finish reasons): labels() once per reason, not per request
+            child = self._success_by_reason[reason] = self.success.labels(self.model_name, reason)
+        child.inc()
 
     def error(self, status: int) -> None:
         self.request_errors.labels(self.model_name, str(status)).inc()

@@ -14,6 +14,7 @@ from typing import Any
 
 from pyfront.engine_client.interface import Engine
 from pyfront.server.errors import APIError, Overloaded
+from pyfront.server.generate.ids import EngineRequestIds
 from pyfront.server.metrics import Metrics
 from pyfront.server.text.tokenizer import ChatTokenizer
 
@@ -46,6 +47,8 @@ class ServingState:
     """The engine client (EngineClient over ZMQ; in-process tests put a FakeEngine here), None until it starts."""
     engine_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    engine_ids: EngineRequestIds = field(default_factory=EngineRequestIds)
+    """Makes the engine request id of every choice (the base id plus random bits)."""
     render_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyfront-render")
     )

@@ -31,7 +31,6 @@ from pyfront.engine_client.protocol import (
 )
 from pyfront.server.chat.plan import OutputPlan
 from pyfront.server.errors import APIError, DeadlineExceeded
-from pyfront.server.generate.ids import engine_request_id
 from pyfront.server.generate.merge import merge
 from pyfront.server.generate.sampling import build_sampling_params, child_params
 from pyfront.server.generate.structured_outputs import resolve_structured_outputs
@@ -140,7 +139,7 @@ class Generation:
         self.cache_salt = cache_salt
         self.priority = priority
         self.external_id = external_id
-        internal = engine_request_id(base_id)
+        internal = state.engine_ids(base_id)
         ids = [internal] if n == 1 else [f"{i}_{internal}" for i in range(n)]
         tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
         self.choices = [Choice(i, rid, text_factory(tail), generation=self, number=i) for i, rid in enumerate(ids)]

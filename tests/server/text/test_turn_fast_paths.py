@@ -456,6 +456,22 @@ def test_fast_render_is_on_and_equals_apply_chat_template() -> None:
     assert used > 200
 
 
+def test_fast_render_passes_the_special_tokens_and_lets_kwargs_override_them() -> None:
+    """The special tokens map is made plain once at start-up; a request's template variables still override it
+    key by key, as in apply_chat_template (and the shared list stays as it was)."""
+    tok = server_tokenizer()
+    template = (
+        "{{ eos_token }}|{{ pad_token }}|{{ additional_special_tokens | join(',') }}|{{ extra | default('-') }}"
+        "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "hi"}]
+    for kwargs in ({}, {"eos_token": "<override>"}, {"extra": [1, {"a": None}]}, {"additional_special_tokens": []}):
+        fast = tok._fast_chat.render(messages, None, None, True, False, template, dict(kwargs))
+        assert fast is not None
+        assert fast == tok.hf.apply_chat_template(messages, chat_template=template, tokenize=False, **kwargs)
+    assert tok._fast_chat.special_tokens == tok.hf.special_tokens_map
+
+
 def test_fast_render_falls_back_where_it_does_not_apply() -> None:
     tok = server_tokenizer()
     fast = tok._fast_chat
