@@ -14,7 +14,7 @@ from typing import Any
 
 from pyfront.engine_client.interface import Engine
 from pyfront.server.errors import APIError, Overloaded
-from pyfront.server.generate.ids import EngineRequestIds
+from pyfront.server.ids import EngineRequestIds
 from pyfront.server.metrics import Metrics
 from pyfront.server.text.tokenizer import ChatTokenizer
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+import jinja2
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -118,9 +119,21 @@ def _plain_copy(value: Any) -> Any:
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 """Every attribute a ``dict`` instance has: all come from ``dict`` and ``object`` (no instance ``__dict__``)."""
 
+_BUILTIN_METHOD = type("".strip)
+"""``builtin_function_or_method``: what ``content.strip``, ``message.get`` and the like are in a template."""
+
 
 class _FastSandbox(ImmutableSandboxedEnvironment):
-    """transformers' chat-template sandbox with two exact shortcuts in attribute lookup.
+    """transformers' chat-template sandbox with two exact shortcuts in attribute lookup and one in calls.
+
+    A third shortcut is in ``call``: a template calls built-in methods (``content.strip()``, ``message.get(...)``)
+    dozens of times per render, each through the sandbox's ``call`` and jinja's ``Context.call``. For an object of
+    type ``builtin_function_or_method`` their checks all come out the same way: such an object has a fixed set of
+    attributes, none of them ``unsafe_callable``, ``alters_data`` or ``jinja_pass_arg`` (its ``__call__``, a
+    method-wrapper, has none either), so it is safely callable and gets no context argument. What is left of the
+    two methods is run directly: drop the compiler's ``_block_vars`` / ``_loop_vars`` arguments, call, and turn a
+    ``StopIteration`` into the same undefined. Methods the immutable sandbox forbids (``list.append``) are refused
+    earlier, when the attribute is read, so they never get here.
 
     A chat template reads ``message.role``, ``message.content``, ``content.startswith(...)`` and the like dozens
     of times per message; in a profile of short chats, jinja's sandboxed ``getattr`` and its safety checks were
@@ -146,6 +159,18 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
         return super().getattr(obj, attribute)
+
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if type(obj) is not _BUILTIN_METHOD:
+            return super().call(context, obj, *args, **kwargs)
+        kwargs.pop("_block_vars", None)
+        kwargs.pop("_loop_vars", None)
+        try:
+            return obj(*args, **kwargs)
+        except StopIteration:
+            return context.environment.undefined(
+                "value was undefined because a callable raised a StopIteration exception"
+            )
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         kind = type(obj)
@@ -177,6 +202,9 @@ class _FastChatRender:
     VERIFIED_TRANSFORMERS = ("5.24.", "5.25.")
     """transformers releases whose apply_chat_template was read line by line against this class; others fall back."""
 
+    VERIFIED_JINJA = ("3.1.",)
+    """jinja2 releases whose sandbox ``getattr`` / ``call`` and ``Context.call`` were read against ``_FastSandbox``."""
+
     def __init__(self, hf: Any) -> None:
         import transformers
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -184,6 +212,8 @@ class _FastChatRender:
 
         if not transformers.__version__.startswith(self.VERIFIED_TRANSFORMERS):
             raise _NotPlain(f"transformers {transformers.__version__} is not a release this render was checked against")
+        if not jinja2.__version__.startswith(self.VERIFIED_JINJA):
+            raise _NotPlain(f"jinja2 {jinja2.__version__} is not a release this render's sandbox was checked against")
         if getattr(type(hf), "apply_chat_template", None) is not PreTrainedTokenizerBase.apply_chat_template:
             raise _NotPlain(f"{type(hf).__name__} overrides apply_chat_template")
         self.hf = hf

@@ -16,7 +16,7 @@ from pyfront.server.chat.plan import plan_output_parsing
 from pyfront.server.chat.render import render_chat
 from pyfront.server.config import ServerConfig
 from pyfront.server.generate.generation import prepare
-from pyfront.server.generate.ids import base_request_id
+from pyfront.server.ids import base_request_id
 from pyfront.server.openai.decode import decode_chat_request
 from pyfront.server.state import Admission, ServingState
 

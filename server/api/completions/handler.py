@@ -12,7 +12,7 @@ from pyfront.server.api.responses import EncodedJSON, id_headers
 from pyfront.server.api.streaming import streamed_response
 from pyfront.server.config import ServerConfig
 from pyfront.server.generate.generation import Generation, prepare
-from pyfront.server.generate.ids import base_request_id
+from pyfront.server.ids import base_request_id
 from pyfront.server.openai.decode import decode_completion_request
 from pyfront.server.state import Admission, ServingState
 

@@ -28,6 +28,15 @@ TEMPLATES = [
     "{% for m in messages %}{{ m.tool_calls[0].function.name if m.tool_calls else '-' }}{% endfor %}",
     "{{ messages | tojson }}{{ '%s-%d'|format('a', 3) }}{{ '{0}'.format('b') }}",
     "{{ messages[0].values() | list | length }}{{ messages[0].copy is defined }}",
+    # built-in methods called in loops, blocks, macros, with keywords, and raising
+    "{% for m in messages %}{{ m.content.replace('i', 'I', 1) }}{{ m.get('role', 'none') }}"
+    "{% for c in m.content.split() %}{{ c.upper() }}{% endfor %}{% endfor %}",
+    "{% set x %}{{ messages[1].content.strip().title() }}{% endset %}{{ x }}"
+    "{{ messages[1].content.split(maxsplit=1) }}",
+    "{% macro f(s) %}{{ s.lower().endswith('.') }}{% endmacro %}{{ f(messages[0].content) }}",
+    "{{ messages[0].content.index('zz') }}",
+    "{{ messages[0].content.strip(1) }}",
+    "{% call messages[0].content.strip() %}x{% endcall %}",
     # what the sandbox refuses
     "{{ messages.__class__ }}",
     "{{ ''.__class__.__mro__ }}",
@@ -82,3 +91,33 @@ def test_templates_are_kept_within_the_bound() -> None:
         render.template(f"{{{{ {i} }}}}")
     assert len(render.templates) == render.MAX_TEMPLATES
     assert render.template("{{ 3 + 4 }}").render() == "7"
+
+
+def test_a_builtin_raising_stop_iteration_renders_undefined_as_in_the_sandbox() -> None:
+    source = "[{{ nxt(it) }}][{{ nxt(it, 'default') }}]"
+    results = []
+    for template in (fast().template(source), ctu._compile_jinja_template(source)):
+        results.append(template.render(nxt=next, it=iter([])))
+    assert results[0] == results[1] == "[][default]"
+
+
+def test_builtin_methods_skip_the_sandbox_call_and_others_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut is taken for built-in methods only: a Python function still goes through the sandbox's call
+    (where is_safe_callable and pass_context are honoured)."""
+    from jinja2.sandbox import SandboxedEnvironment
+
+    seen: list[Any] = []
+    original = SandboxedEnvironment.call
+
+    def counting(self: Any, context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(obj)
+        return original(self, context, obj, *args, **kwargs)
+
+    monkeypatch.setattr(SandboxedEnvironment, "call", counting)
+
+    def helper(value: str) -> str:
+        return value * 2
+
+    template = fast().template("{{ messages[0].content.strip().upper() }}{{ helper('ab') }}")
+    assert template.render(messages=MESSAGES, helper=helper) == "BE BRIEF.abab"
+    assert seen == [helper]

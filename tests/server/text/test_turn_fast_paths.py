@@ -533,3 +533,19 @@ def test_test_extra_holds_transformers_to_the_verified_releases() -> None:
         for v in tokenizer_module._FastChatRender.VERIFIED_TRANSFORMERS
     )
     assert (int(bound[1]), int(bound[2])) == (newest[0], newest[1] + 1)
+
+
+def test_test_extra_holds_jinja_to_the_verified_releases() -> None:
+    """The same for jinja2, whose sandbox internals ``_FastSandbox`` shortcuts (``VERIFIED_JINJA``)."""
+    import pathlib
+    import re
+    import tomllib
+
+    import pyfront.server.text.tokenizer as tokenizer_module
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    test_extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    (bound,) = [m for m in (re.fullmatch(r"jinja2<(\d+)\.(\d+)", spec.replace(" ", "")) for spec in test_extra) if m]
+    (verified,) = tokenizer_module._FastChatRender.VERIFIED_JINJA
+    major, minor = (int(part) for part in verified.rstrip(".").split("."))
+    assert (int(bound[1]), int(bound[2])) == (major, minor + 1)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pyfront.server.generate.ids import EngineRequestIds, base_request_id
+from pyfront.server.ids import EngineRequestIds, base_request_id
 
 
 def test_engine_ids_are_the_base_plus_8_hex_digits_and_differ() -> None:
