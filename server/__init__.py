@@ -7,5 +7,6 @@ parameters and the engine requests and folds the engine's outputs into choices, 
 detokenize, apply stop strings and format logprobs; `api` turns the choices into the JSON body or the SSE
 frames. The handler calls the steps in order, so the packages import one way:
 `api` -> `generate` -> `chat` -> `text`, each only those after it, and all of them the shared `openai` and
-`anthropic` (request types), `state`, `errors`, `config`, `metrics` and `ids` (tests/test_layout.py checks it).
+`anthropic` (request types), `state`, `errors`, `config`, `metrics`, `ids` and `pacing` (tests/test_layout.py
+checks it).
 """

@@ -16,6 +16,7 @@ from pyfront.engine_client.interface import Engine
 from pyfront.server.errors import APIError, Overloaded
 from pyfront.server.ids import EngineRequestIds
 from pyfront.server.metrics import Metrics
+from pyfront.server.pacing import AdmissionPacer
 from pyfront.server.text.tokenizer import ChatTokenizer
 
 logger = logging.getLogger("pyfront.server")
@@ -48,6 +49,8 @@ class ServingState:
     engine_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     engine_ids: EngineRequestIds = field(default_factory=EngineRequestIds)
+    pacer: AdmissionPacer = field(default_factory=AdmissionPacer)
+    """Streamed requests' admissions take turns with running streams' outputs in a burst (server/pacing.py)."""
     """Makes the engine request id of every choice (the base id plus random bits)."""
     render_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyfront-render")

@@ -13,9 +13,9 @@ from tests.conftest import REPO_ROOT
 
 ORDER = ["api", "generate", "chat", "text"]
 """The request path's packages, outermost first: each may import only those after it."""
-SHARED = {"openai", "anthropic", "state", "errors", "config", "metrics", "ids"}
+SHARED = {"openai", "anthropic", "state", "errors", "config", "metrics", "ids", "pacing"}
 """What every package may use: the request types (OpenAI's, Anthropic's), the serving state, the error table,
-settings, metrics, request ids."""
+settings, metrics, request ids, admission pacing."""
 
 
 def _imports(path) -> set[str]:

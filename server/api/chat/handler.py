@@ -36,6 +36,8 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
     admission: Admission | None  # None once a stream owns it
     admission = state.admit(body.n or 1)
     try:
+        if body.stream:  # a burst's admissions take turns with the outputs of streams already running
+            await state.pacer.turn()
         prompt_text, prompt_ids, hashes = await render_chat(state, body, hash_prompt=True, body_bytes=len(raw))
         plan = plan_output_parsing(state, body, prompt_text)
         base = base_request_id(headers.request_id, body.request_id)

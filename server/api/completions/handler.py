@@ -28,6 +28,8 @@ async def completion_response(
     state.require_engine()
     deadline = state.deadline(headers.timeout)
     rank = state.data_parallel_rank(headers.data_parallel_rank)
+    if body.stream:  # a burst's admissions take turns with the outputs of streams already running
+        await state.pacer.turn()
     prompts = await tokenize_completion_prompts(state, body, len(raw))
     admission: Admission | None  # None once a stream owns it
     admission = state.admit((body.n or 1) * len(prompts))

@@ -52,6 +52,8 @@ async def messages_response(state: ServingState, config: ServerConfig, raw: byte
     admission: Admission | None  # None once a stream owns it
     admission = state.admit(1)
     try:
+        if chat.stream:  # a burst's admissions take turns with the outputs of streams already running
+            await state.pacer.turn()
         prompt_text, prompt_ids, hashes = await render_chat(state, chat, hash_prompt=True, body_bytes=len(raw))
         plan = plan_output_parsing(state, chat, prompt_text)
         base = base_request_id(headers.request_id, None)

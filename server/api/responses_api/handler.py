@@ -75,6 +75,8 @@ async def responses_response(
     admission: Admission | None  # None once a stream or a background run owns it
     admission = state.admit(1)
     try:
+        if body.stream:  # a burst's admissions take turns with the outputs of streams already running
+            await state.pacer.turn()
         prompt = await render_turn(state, chat, previous.prompt if previous is not None else None)
         prompt_text, prompt_ids, hashes = prompt.tokens.text, prompt.tokens.ids, prompt.blob
         plan = plan_output_parsing(state, chat, prompt_text)

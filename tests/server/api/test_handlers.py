@@ -444,3 +444,59 @@ async def test_a_client_that_leaves_mid_body_on_a_small_route_is_no_server_error
     with caplog.at_level("WARNING"):
         await app(scope, receive, send)
     assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
+class _CountingPacer:
+    """Stands in for ServingState.pacer: counts the turns asked for; `hold` keeps every turn waiting."""
+
+    def __init__(self, hold: bool = False) -> None:
+        self.turns = 0
+        self.hold = hold
+
+    async def turn(self) -> None:
+        self.turns += 1
+        if self.hold:
+            await asyncio.Event().wait()
+
+
+PACED_ROUTES = [
+    ("/v1/chat/completions", chat_body(max_tokens=4)),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4}),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 4}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), PACED_ROUTES)
+async def test_streamed_requests_take_their_turn_and_others_do_not(
+    state: ServingState, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+) -> None:
+    use(state, FakeEngine())
+    pacer = _CountingPacer()
+    monkeypatch.setattr(state, "pacer", pacer)
+    assert (await http.post(path, json=body)).status_code == 200
+    assert pacer.turns == 0
+    response = await http.post(path, json={**body, "stream": True})
+    assert response.status_code == 200, response.text
+    assert pacer.turns == 1
+
+
+@pytest.mark.parametrize(("path", "body"), PACED_ROUTES)
+async def test_a_stream_whose_client_leaves_while_it_waits_its_turn_is_never_admitted(
+    app: FastAPI, state: ServingState, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+) -> None:
+    engine = use(state, FakeEngine())
+    pacer = _CountingPacer(hold=True)
+    monkeypatch.setattr(state, "pacer", pacer)
+    leave = asyncio.Event()
+
+    async def leave_once_waiting() -> None:
+        while not pacer.turns:
+            await asyncio.sleep(0.01)
+        leave.set()
+
+    leaver = asyncio.create_task(leave_once_waiting())
+    sent = await asyncio.wait_for(call_then_leave(app, path, {**body, "stream": True}, leave), 5)
+    await leaver
+    assert sent == [] and engine.added == []
+    assert state.active == 0
