@@ -34,6 +34,7 @@ from pyfront.server.config import ServerConfig, tokenizer_problem
 from pyfront.server.metrics import Metrics
 from pyfront.server.runtime import MockEngineProcess, _return_free_heap, start_engine
 from pyfront.server.state import ServingState
+from pyfront.server.text.lean import SnapshotStore
 from pyfront.server.text.tokenizer import Tokenizer
 
 logger = logging.getLogger("pyfront.server")
@@ -95,6 +96,9 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         chat_template=config.chat_template,
         model_dir=config.model if config.tokenizer else None,
         generation_config=config.generation_config,
+        snapshots=None
+        if config.no_tokenizer_snapshot
+        else SnapshotStore(config.tokenizer_snapshot_dir or SnapshotStore.default_directory()),
     )
     state = ServingState(
         tokenizer=tokenizer,

@@ -126,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tokenizer", default=None, help="tokenizer directory, if not MODEL")
     serve.add_argument("--chat-template", default=None, help="chat template file or inline Jinja")
     serve.add_argument(
+        "--tokenizer-snapshot-dir",
+        default=None,
+        help="where tokenizer snapshots are kept: the first start on a tokenizer checks and writes one, later starts "
+        "load it without transformers (default: $PYFRONT_CACHE_DIR/tokenizer-snapshots, ~/.cache/pyfront/...)",
+    )
+    serve.add_argument(
+        "--no-tokenizer-snapshot",
+        action="store_true",
+        help="load the tokenizer with transformers at every start, and write no snapshot",
+    )
+    serve.add_argument(
         "--generation-config",
         type=generation_config_source,
         default="auto",
@@ -464,6 +475,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         chat_template=args.chat_template,
         generation_config=args.generation_config,
         trust_request_chat_template=args.trust_request_chat_template,
+        tokenizer_snapshot_dir=args.tokenizer_snapshot_dir,
+        no_tokenizer_snapshot=args.no_tokenizer_snapshot,
         max_model_len=args.max_model_len,
         host=args.host,
         port=args.port,

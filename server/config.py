@@ -75,6 +75,11 @@ class ServerConfig:
     generation_config: str = "auto"
     """Request defaults: "auto" (the model's generation_config.json), "vllm" (none), or a directory with one."""
     trust_request_chat_template: bool = False
+    tokenizer_snapshot_dir: str | None = None
+    """Where tokenizer snapshots are kept (server/text/lean.py: later starts load the tokenizer without transformers);
+    None: $PYFRONT_CACHE_DIR/tokenizer-snapshots (~/.cache/pyfront/...)."""
+    no_tokenizer_snapshot: bool = False
+    """No snapshots: every start loads the tokenizer with transformers."""
     max_model_len: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -144,13 +149,13 @@ class ServerConfig:
     ssl_cert_reqs: int = 0
     """ssl.CERT_NONE (0), CERT_OPTIONAL (1) or CERT_REQUIRED (2): whether clients must show a certificate."""
     enable_prompt_tokens_details: bool = False
+    """usage.prompt_tokens_details.cached_tokens from the engine's num_cached_tokens (vLLM's flag of the same name)."""
     enable_responses_store: bool = False
     """Keep /v1/responses answers for previous_response_id and GET (also on with VLLM_ENABLE_RESPONSES_API_STORE=1)."""
     responses_store_max_responses: int = 1000
     """Stored responses at most; beyond it the least recently used is evicted."""
     responses_store_max_bytes: int = 256 * 1024 * 1024
     """Bytes of stored responses at most (bodies, messages, prompt text and ids); LRU eviction beyond it."""
-    """usage.prompt_tokens_details.cached_tokens from the engine's num_cached_tokens (vLLM's flag of the same name)."""
 
     @property
     def model_names(self) -> list[str]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -44,6 +45,17 @@ def free_port_run(count: int) -> int:
     raise RuntimeError(f"no run of {count} free ports")
 
 
+@functools.cache
+def transformers_tokenizer(name: str) -> Any:
+    """transformers' own load of a tokenizer (a bundled name or a directory), as the reference to compare with: a
+    server's tokenizer may be the lean one (server/text/lean.py), which has no apply_chat_template of its own."""
+    from transformers import AutoTokenizer
+
+    from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
+
+    return AutoTokenizer.from_pretrained(resolve_tokenizer_name(name), local_files_only=True)
+
+
 OPT_IN_TIERS = {
     "real_engine": ("--real-engine", "run tests against a real vLLM engine"),
     "soak": ("--soak", "run the long soak tests"),
@@ -54,6 +66,28 @@ OPT_IN_TIERS = {
     "docker_tier": ("--docker", "build docker/Dockerfile and run the image and compose.yaml (a Docker engine)"),
 }
 """Each opt-in tier's marker: its command-line option and what it runs (markers are registered in pyproject)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tokenizer snapshots (server/text/lean.py) go to a directory of this run's own, for the servers the tests start
+    in-process and as subprocesses: the first server of a run loads its tokenizer with transformers and writes the
+    snapshot, later ones load it lean, whatever earlier runs left in ~/.cache."""
+    import os
+    import tempfile
+
+    if "PYFRONT_TOKENIZER_SNAPSHOT_DIR" not in os.environ:
+        os.environ["PYFRONT_TOKENIZER_SNAPSHOT_DIR"] = tempfile.mkdtemp(prefix="pyfront-test-snapshots-")
+        config.stash[_SNAPSHOT_DIR] = os.environ["PYFRONT_TOKENIZER_SNAPSHOT_DIR"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if directory := config.stash.get(_SNAPSHOT_DIR, None):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+_SNAPSHOT_DIR = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -79,6 +79,11 @@ def add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None:
             detail = {"healthy": False, "status": state.engine_error or "starting"}
             return json_response(detail, 503)
         report = engine.health()
+        tokenizer = state.tokenizer
+        report["tokenizer"] = {
+            "load": getattr(tokenizer, "mode", None),
+            "snapshot": getattr(tokenizer, "snapshot", None),
+        }
         report["pid"] = os.getpid()
         report["api_server_index"] = state.api_server_index
         return json_response(report, 200 if report["healthy"] else 503)

@@ -58,6 +58,7 @@ import json
 import logging
 import random
 import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -67,7 +68,7 @@ from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PromptTokens", "SegmentCacheStats", "SegmentTokenizer", "common_prefix_length"]
+__all__ = ["PromptTokens", "SegmentCacheStats", "SegmentTokenizer", "common_prefix_length", "sample_texts"]
 
 #: Rust's ``\s`` / ``char::is_whitespace`` (Unicode White_Space): what ``lstrip``/``rstrip`` added tokens swallow.
 #: Python's ``str.isspace`` differs (it also accepts U+001C..U+001F), so spell the set out.
@@ -280,6 +281,7 @@ class SegmentTokenizer:
         log: bool = True,
         word_path: bool = True,
         max_cached_words: int = _DEFAULT_MAX_CACHED_WORDS,
+        verdict: tuple[str | None, str | None] | None = None,
     ) -> None:
         if max_cached_tokens < 0 or max_entries < 0 or (max_cached_chars is not None and max_cached_chars < 0):
             raise ValueError("cache bounds must be >= 0")
@@ -318,7 +320,15 @@ class SegmentTokenizer:
             self.supported = True
         except _Unsupported as exc:
             self.reason = str(exc)
-        if self.supported and self_check:
+        if self.supported and verdict is not None:
+            # The checks' verdicts (reason, word_reason) from an earlier run on the same backend and this same code
+            # (the tokenizer snapshot, server/text/lean.py): the checks are deterministic, so they would say the same.
+            self.reason, known_word_reason = verdict
+            self.supported = self.reason is None
+            if self._word_pattern is not None and known_word_reason is not None:
+                self.word_reason = known_word_reason
+                self._word_pattern = None
+        elif self.supported and self_check:
             if self._word_pattern is not None:
                 self.word_reason = self._word_path_test(check_samples, check_seed)
                 if self.word_reason is not None:
@@ -453,10 +463,9 @@ class SegmentTokenizer:
         if encode_special_tokens:
             raise _Unsupported("split_special_tokens/encode_special_tokens is set")
         try:
-            serialized = backend.to_str()
+            config = self.backend_config(backend)
         except Exception as exc:  # custom Python components cannot be serialized
             raise _Unsupported(f"tokenizer cannot be serialized ({exc})") from None
-        config = json.loads(serialized)
 
         model = config.get("model") or {}
         if model.get("type") not in _DETERMINISTIC_MODELS:
@@ -499,10 +508,10 @@ class SegmentTokenizer:
         if share_backend and backend.truncation is None and backend.padding is None:
             first = backend
         else:
-            first = self._private_copy(serialized, RustTokenizer)
+            first = self._private_copy(backend.to_str(), RustTokenizer)
         rest = first
         if prepend_first and handle_prepend_first:
-            config_never = json.loads(serialized)
+            config_never = json.loads(backend.to_str())
             for component in _walk(config_never.get("pre_tokenizer")):
                 if component.get("type") == "Metaspace" and component.get("prepend_scheme") == "first":
                     component["prepend_scheme"] = "never"
@@ -521,6 +530,23 @@ class SegmentTokenizer:
         pattern, self.word_reason = self._ascii_word_pattern(config) if word_path else (None, "disabled")
         self._word_pattern = re.compile(pattern) if pattern is not None else None
         self._word_separator = self._pick_separator(split_tokens)
+
+    @staticmethod
+    def backend_config(backend: Any) -> dict[str, Any]:
+        """The parts of the backend's JSON (``backend.to_str()``) the checks read, taken from its components: the
+        whole JSON holds the vocabulary and merges, and serializing and parsing it (5 MB for Qwen's) cost ~0.2 s of
+        every start. Each component serializes to the same JSON alone (tests compare) and the model's ``type`` is its
+        class name."""
+        model = backend.model
+        config: dict[str, Any] = {"model": {"type": type(model).__name__, "dropout": getattr(model, "dropout", None)}}
+        for name in ("normalizer", "pre_tokenizer", "post_processor"):
+            component = getattr(backend, name)
+            config[name] = None if component is None else json.loads(component.__getstate__())
+        config["added_tokens"] = [
+            {"id": index, "content": token.content, "normalized": token.normalized}
+            for index, token in sorted(backend.get_added_tokens_decoder().items())
+        ]
+        return config
 
     @staticmethod
     def _pick_separator(split_tokens: dict[str, _SplitToken]) -> tuple[str, int] | None:
@@ -573,10 +599,14 @@ class SegmentTokenizer:
 
     @staticmethod
     def _check_transformers_class(tokenizer: Any) -> None:
+        if "transformers" not in sys.modules:
+            return  # no transformers tokenizer exists: pyfront's LeanTokenizer (server/text/lean.py checks its encode)
         try:
             from transformers.tokenization_utils_base import PreTrainedTokenizerBase
             from transformers.tokenization_utils_tokenizers import TokenizersBackend
         except ImportError:  # pragma: no cover - other transformers layouts: rely on the equivalence test
+            return
+        if not isinstance(tokenizer, PreTrainedTokenizerBase):
             return
         cls = type(tokenizer)
         if getattr(cls, "encode", None) is not PreTrainedTokenizerBase.encode:
@@ -838,20 +868,7 @@ class SegmentTokenizer:
     def _equivalence_test(self, samples: int, seed: int) -> str | None:
         """Compare the memoized path with the tokenizer's own encode on randomized strings; the reason on mismatch."""
         rng = random.Random(seed)
-        added = list(self._added_contents)
-        if len(added) > 64:
-            added = rng.sample(added, 64)
-        fragments = [*_CHECK_FRAGMENTS, *added]
-        for content in added:
-            if len(content) > 1:  # partial added tokens must not match
-                fragments += [content[:-1], content[1:], content[: len(content) // 2]]
-        texts: list[str] = []
-        for _ in range(samples):
-            pieces = [rng.choice(fragments) for _ in range(rng.randint(1, 14))]
-            if added and rng.random() < 0.5:
-                pieces.insert(rng.randrange(len(pieces) + 1), rng.choice(added))
-            texts.append("".join(pieces))
-        texts += ["", " ", "\n", *added, *(a + a for a in added[:8]), *(" " + a + " " for a in added[:8])]
+        texts = sample_texts(self._added_contents, samples=samples, seed=seed)
         # Every whitespace-like character on both sides of the tokens that strip whitespace.
         strippers = [content for content, token in self._split_tokens.items() if token.lstrip or token.rstrip]
         for content in strippers[:16]:
@@ -876,6 +893,28 @@ class SegmentTokenizer:
         except Exception as exc:
             return f"self-check failed: {type(exc).__name__}: {exc}"
         return None
+
+
+def sample_texts(added_contents: Sequence[str], *, samples: int, seed: int) -> list[str]:
+    """Random strings that stress a tokenizer where tokenizers differ: whitespace runs, Unicode spaces, scripts,
+    composed and decomposed forms, emoji, code, and the added tokens whole, partial and doubled (at most 64 of them).
+    Deterministic for a seed."""
+    rng = random.Random(seed)
+    added = list(added_contents)
+    if len(added) > 64:
+        added = rng.sample(added, 64)
+    fragments = [*_CHECK_FRAGMENTS, *added]
+    for content in added:
+        if len(content) > 1:  # partial added tokens must not match
+            fragments += [content[:-1], content[1:], content[: len(content) // 2]]
+    texts: list[str] = []
+    for _ in range(samples):
+        pieces = [rng.choice(fragments) for _ in range(rng.randint(1, 14))]
+        if added and rng.random() < 0.5:
+            pieces.insert(rng.randrange(len(pieces) + 1), rng.choice(added))
+        texts.append("".join(pieces))
+    texts += ["", " ", "\n", *added, *(a + a for a in added[:8]), *(" " + a + " " for a in added[:8])]
+    return texts
 
 
 #: ASCII whitespace as Oniguruma sees it and as Python's ``\s`` does (U+001C..U+001F), for the word-path check.

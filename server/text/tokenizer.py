@@ -7,7 +7,6 @@ server calls it on its render pool, and on the event loop only for small bodies 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import os
@@ -16,12 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-import jinja2
-from jinja2.runtime import LoopContext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
-from pyfront.server.text.segment_cache import PromptTokens, SegmentTokenizer
+from pyfront.server.text.chat_template import ChatRender, NotVerified
+from pyfront.server.text.lean import SNAPSHOT_FORMAT, LeanTokenizer, SnapshotStore, Verdict, facts_of, verify
+from pyfront.server.text.segment_cache import PromptTokens, SegmentTokenizer, sample_texts
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +54,8 @@ class ChatTokenizer(Protocol):
     """What the server uses of its tokenizer: `Tokenizer` is one, and a test may hand the server another.
 
     The handlers, the chat renderer and the sampling-parameter builder see only these members;
-    `hf` (the transformers tokenizer) feeds the detokenizer and the logprob formatting, which need
-    the full vocabulary anyway.
+    `hf` (transformers' tokenizer, or the `LeanTokenizer` that answers as it does) feeds the detokenizer and the
+    logprob formatting, which need the full vocabulary anyway.
     """
 
     name: str
@@ -91,212 +88,9 @@ class TokenizerError(ValueError):
     """The request cannot be rendered or tokenized (bad messages, template error): a 400."""
 
 
-class _NotPlain(Exception):
-    """A value outside plain JSON data: the fast chat render does not apply."""
-
-
-def _plain_copy(value: Any) -> Any:
-    """A fresh copy of plain JSON data (exact dict with str keys, list, str, int, float, bool, None).
-
-    For such data it equals what transformers' ``_message_objects_to_dicts`` + ``_plain_template_data`` build
-    (both copy containers and return exact scalars as they are); anything else raises ``_NotPlain``.
-    """
-    kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return value
-    if kind is dict:
-        out = {}
-        for key, item in value.items():
-            if type(key) is not str:
-                raise _NotPlain
-            out[key] = _plain_copy(item)
-        return out
-    if kind is list:
-        return [_plain_copy(item) for item in value]
-    raise _NotPlain
-
-
-_DICT_ATTRIBUTES = frozenset(dir(dict))
-"""Every attribute a ``dict`` instance has: all come from ``dict`` and ``object`` (no instance ``__dict__``)."""
-
-_BUILTIN_METHOD = type("".strip)
-"""``builtin_function_or_method``: what ``content.strip``, ``message.get`` and the like are in a template."""
-
-
-class _FastSandbox(ImmutableSandboxedEnvironment):
-    """transformers' chat-template sandbox with two exact shortcuts in attribute lookup and one in calls.
-
-    A third shortcut is in ``call``: a template calls built-in methods (``content.strip()``, ``message.get(...)``)
-    dozens of times per render, each through the sandbox's ``call`` and jinja's ``Context.call``. For an object of
-    type ``builtin_function_or_method`` their checks all come out the same way: such an object has a fixed set of
-    attributes, none of them ``unsafe_callable``, ``alters_data`` or ``jinja_pass_arg`` (its ``__call__``, a
-    method-wrapper, has none either), so it is safely callable and gets no context argument. What is left of the
-    two methods is run directly: drop the compiler's ``_block_vars`` / ``_loop_vars`` arguments, call, and turn a
-    ``StopIteration`` into the same undefined. Methods the immutable sandbox forbids (``list.append``) are refused
-    earlier, when the attribute is read, so they never get here.
-
-    A chat template reads ``message.role``, ``message.content``, ``content.startswith(...)`` and the like dozens
-    of times per message; in a profile of short chats, jinja's sandboxed ``getattr`` and its safety checks were
-    ~40% of the render. For an exact ``dict`` and a name no dict has as an attribute, jinja's ``getattr`` raises
-    and catches AttributeError, then returns ``obj[name]`` or undefined: ``getattr`` here goes there at once.
-    ``is_safe_attribute`` of the sandbox depends on the object's type and the name only (``is_internal_attribute``
-    and ``modifies_known_mutable`` are ``isinstance`` tests and set lookups; the value is not read), so for the
-    exact types a template's data and loop variables have (``str``, ``list``, ``dict``, jinja's ``LoopContext``
-    and the ``namespace`` class in the environment's globals) its answer is kept per (type, name): at most one
-    entry per attribute those types have. Every other object goes through the sandbox's own methods.
-
-    An instance is made by ``_FastChatRender.template`` from transformers' compiled environment (``overlay()``,
-    so its filters, globals and extensions are transformers' own), then given this class.
-    """
-
-    _safe_attributes: dict[tuple[type, str], bool]
-    _cached_types: frozenset[type]
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except (TypeError, LookupError):
-                return self.undefined(obj=obj, name=attribute)
-        return super().getattr(obj, attribute)
-
-    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if type(obj) is not _BUILTIN_METHOD:
-            return super().call(context, obj, *args, **kwargs)
-        kwargs.pop("_block_vars", None)
-        kwargs.pop("_loop_vars", None)
-        try:
-            return obj(*args, **kwargs)
-        except StopIteration:
-            return context.environment.undefined(
-                "value was undefined because a callable raised a StopIteration exception"
-            )
-
-    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
-        kind = type(obj)
-        if kind in self._cached_types:
-            key = (kind, attr)
-            safe = self._safe_attributes.get(key)
-            if safe is None:
-                safe = self._safe_attributes[key] = super().is_safe_attribute(obj, attr, value)
-            return safe
-        return super().is_safe_attribute(obj, attr, value)
-
-
-class _FastChatRender:
-    """``apply_chat_template(..., tokenize=False)`` for plain JSON messages, without the wrapper's generic work.
-
-    transformers' wrapper walks every message twice with ``isinstance`` checks against ABCs, dataclasses and
-    pydantic models (~0.7 ms for a 50-turn chat, about as long as the jinja render itself). For plain JSON
-    input those walks amount to a copy that drops the messages' ``None``-valued keys, so this class does exactly
-    that (``_plain_copy``), then the wrapper's remaining steps with transformers' own functions: the template
-    lookup (``get_chat_template``), the compiled-template cache (``_compile_jinja_template``), the reasoning
-    aliases (``_alias_reasoning_fields``), ``_plain_template_data`` of the tools, documents and template variables
-    (special tokens + ``chat_template_kwargs``), and the same ``render`` call. Same compiled template, equal
-    inputs: the same string. Everything else (continue_final_message, non-plain values, template variables named
-    like the wrapper's own parameters, any exception) goes through ``apply_chat_template`` itself. It is enabled
-    only for the transformers layout it was written against (``apply_chat_template`` not overridden, the helper
-    functions present) and after a start-up comparison with ``apply_chat_template`` on sample chats.
-    """
-
-    VERIFIED_TRANSFORMERS = ("5.24.", "5.25.")
-    """transformers releases whose apply_chat_template was read line by line against this class; others fall back."""
-
-    VERIFIED_JINJA = ("3.1.",)
-    """jinja2 releases whose sandbox ``getattr`` / ``call`` and ``Context.call`` were read against ``_FastSandbox``."""
-
-    def __init__(self, hf: Any) -> None:
-        import transformers
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-        from transformers.utils import chat_template_utils as ctu
-
-        if not transformers.__version__.startswith(self.VERIFIED_TRANSFORMERS):
-            raise _NotPlain(f"transformers {transformers.__version__} is not a release this render was checked against")
-        if not jinja2.__version__.startswith(self.VERIFIED_JINJA):
-            raise _NotPlain(f"jinja2 {jinja2.__version__} is not a release this render's sandbox was checked against")
-        if getattr(type(hf), "apply_chat_template", None) is not PreTrainedTokenizerBase.apply_chat_template:
-            raise _NotPlain(f"{type(hf).__name__} overrides apply_chat_template")
-        self.hf = hf
-        self.compile = ctu._compile_jinja_template
-        self.templates: dict[str, Any] = {}
-        self.lock = threading.Lock()
-        self.alias = ctu._alias_reasoning_fields
-        self.plain = ctu._plain_template_data
-        # apply_chat_template passes plain(special_tokens_map | kwargs); plain() copies a dict key by key in order
-        # and the keys are str, so that equals plain(special_tokens_map) | plain(kwargs). The map is a property
-        # rebuilt per call (~1.5 % of a short request's CPU) and the tokenizer never changes after loading, so it is
-        # made plain once; its one list is shared by every render, which the immutable sandbox cannot change.
-        self.special_tokens = self.plain(hf.special_tokens_map)
-        reserved = {"messages", "self", "conversation", "conversations"}
-        for fn in (PreTrainedTokenizerBase.apply_chat_template, ctu.render_jinja_template):
-            reserved.update(inspect.signature(fn).parameters)
-        self.reserved = frozenset(reserved)
-
-    def render(
-        self,
-        messages: Any,
-        tools: Any,
-        documents: Any,
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-        chat_template: str | None,
-        kwargs: dict[str, Any],
-    ) -> str | None:
-        """The rendered prompt, or None when the input is not for the fast path."""
-        if continue_final_message or type(messages) is not list or not messages or not self.reserved.isdisjoint(kwargs):
-            return None
-        try:
-            chat = []
-            for message in messages:
-                if type(message) is not dict:
-                    return None
-                chat.append({key: _plain_copy(value) for key, value in message.items() if value is not None})
-                if any(type(key) is not str for key in message):
-                    return None
-            tool_schemas = None if tools is None else _plain_copy(tools)
-            if tool_schemas is not None and (
-                type(tool_schemas) is not list or any(type(tool) is not dict for tool in tool_schemas)
-            ):
-                return None
-            docs = None if documents is None else _plain_copy(documents)
-            if docs is not None and (type(docs) is not list or any(type(doc) is not dict for doc in docs)):
-                return None
-            hf = self.hf
-            compiled = self.template(hf.get_chat_template(chat_template, tools))
-            template_kwargs = {**self.special_tokens, **self.plain(kwargs)} if kwargs else self.special_tokens
-            return compiled.render(
-                messages=self.alias(chat),
-                tools=tool_schemas,
-                documents=docs,
-                add_generation_prompt=add_generation_prompt,
-                **template_kwargs,
-            )
-        except Exception:  # _NotPlain, or an error apply_chat_template will report in its own words
-            return None
-
-    MAX_TEMPLATES = 8
-    """Compiled templates kept (the model's own, and a few a request brought with --trust-request-chat-template)."""
-
-    def template(self, source: str) -> Any:
-        """``source`` compiled in a ``_FastSandbox`` overlay of the environment transformers compiles it in."""
-        template = self.templates.get(source)
-        if template is None:
-            env = self.compile(source).environment.overlay()
-            env.__class__ = _FastSandbox
-            env._safe_attributes = {}
-            namespace = env.globals.get("namespace")
-            env._cached_types = frozenset(
-                {str, list, dict, LoopContext, *([namespace] if isinstance(namespace, type) else [])}
-            )
-            template = env.from_string(source)
-            # Its globals are a ChainMap over the environment's, copied into a new dict on every render; nothing
-            # changes either after compiling, so one flat dict of the same items renders the same, faster.
-            template.globals = dict(template.globals)
-            with self.lock:
-                if len(self.templates) >= self.MAX_TEMPLATES:
-                    self.templates.pop(next(iter(self.templates)))
-                self.templates[source] = template
-        return template
+VERIFIED_TRANSFORMERS = ("5.24.", "5.25.")
+"""transformers releases whose apply_chat_template was read line by line against server/text/chat_template.py; with
+others, chats render through apply_chat_template itself."""
 
 
 REBUILD_INPUTS = ("_vocab", "_merges")
@@ -354,7 +148,13 @@ def _load_json(path: Path) -> dict[str, Any]:
 
 
 class Tokenizer:
-    """A Hugging Face tokenizer loaded offline, plus what the server needs to know about the model."""
+    """A Hugging Face tokenizer loaded offline, plus what the server needs to know about the model.
+
+    Loaded one of two ways (``mode``): ``"transformers"`` (AutoTokenizer), or ``"lean"``, from a snapshot of what
+    transformers built for the same files (server/text/lean.py), without importing transformers. With a
+    ``snapshots`` store, a transformers load writes the snapshot a later start loads lean; without one (tests,
+    library use), every load is a transformers load.
+    """
 
     def __init__(
         self,
@@ -363,26 +163,39 @@ class Tokenizer:
         chat_template: str | None = None,
         model_dir: str | None = None,
         generation_config: str = "auto",
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         """``generation_config``: where request defaults come from, as vLLM's ``--generation-config``: ``auto``
         (the model directory's generation_config.json), ``vllm`` (none), or a directory holding one."""
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from transformers import AutoTokenizer  # slow import: only at start-up
-
-        path = resolve_tokenizer_name(name_or_path)
-        try:
-            self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as exc:
-            raise RuntimeError(f"cannot load the tokenizer {name_or_path!r} offline: {exc}") from exc
-        if not getattr(self.hf, "is_fast", False):
-            logger.warning("tokenizer %s is not a fast tokenizer: detokenization will be slower", name_or_path)
         self.name = name_or_path
+        self._path = resolve_tokenizer_name(name_or_path)
+        self._template_override: str | None = None
         if chat_template is not None:
             template_path = Path(chat_template)
-            self.hf.chat_template = template_path.read_text() if template_path.is_file() else chat_template
+            self._template_override = template_path.read_text() if template_path.is_file() else chat_template
+        self._transformers_hf: Any = None
+        self._transformers_lock = threading.Lock()
+        self.mode = "transformers"
+        self.snapshot: str = "no snapshot store"
+        """What became of the tokenizer snapshot at start-up: loaded, written, refused and why, or none."""
+        key = None
+        if snapshots is not None and Path(self._path).is_dir():
+            key = snapshots.key(Path(self._path), self._template_override)
+        loaded = snapshots.load(key) if snapshots is not None and key is not None else None
+        self.hf: Any
+        if loaded is not None and loaded[0] is not None:
+            self._load_lean(loaded[0])
+        else:
+            self._load_transformers()
+            if loaded is not None:  # a snapshot was refused for this tokenizer before: its reason
+                self.snapshot = f"refused: {loaded[1]}"
+                logger.info("tokenizer %s loads with transformers: its snapshot was refused (%s)", self.name, loaded[1])
+            elif snapshots is not None and key is not None:
+                self.snapshot = self._write_snapshot(snapshots, key)
         self.vocab_size = len(self.hf)
         self.eos_token_id: int | None = self.hf.eos_token_id
-        config_dir = Path(model_dir or path)
+        config_dir = Path(model_dir or self._path)
         generation = _load_json(config_dir / "generation_config.json") if config_dir.is_dir() else {}
         eos = generation.get("eos_token_id")
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
@@ -397,10 +210,12 @@ class Tokenizer:
             source = _load_json(Path(generation_config) / "generation_config.json")
         self.generation_defaults = generation_defaults_from_config(source)
         """Request defaults (vLLM's ``get_diff_sampling_param``); the model's EOS ids come from its own file."""
+
+    def _load_transformers(self) -> None:
+        self.hf = self._transformers_tokenizer()
+        if not getattr(self.hf, "is_fast", False):
+            logger.warning("tokenizer %s is not a fast tokenizer: detokenization will be slower", self.name)
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
-        self._fast_chat: _FastChatRender | None = None
-        self.fast_chat_reason: str | None = None
-        """Why the fast chat render is off (None when it is on)."""
         # Chat prompts re-send the whole history every turn: tokenize the text between added tokens once per
         # distinct segment (exact, checked at start-up; falls back to plain encode where it would not be).
         # The backend is shared, not copied (~120 MB for Qwen): the server never asks for truncation or padding,
@@ -408,12 +223,76 @@ class Tokenizer:
         self.segments = SegmentTokenizer(self.hf, share_backend=True)
         self.released = release_rebuild_inputs(self.hf)
         """What :func:`release_rebuild_inputs` did with the Python copies of the vocab and merges."""
-        logger.debug("tokenizer %s: %s", name_or_path, self.released)
+        logger.debug("tokenizer %s: %s", self.name, self.released)
+        self._fast_chat: ChatRender | None = None
+        self.fast_chat_reason: str | None = None
+        """Why the fast chat render is off (None when it is on)."""
+        self._enable_fast_chat()
+        self._warm_up()
+
+    def _load_lean(self, lean: LeanTokenizer) -> None:
+        facts = lean.facts
+        self.hf = lean
+        self.mode = "lean"
+        self.snapshot = "loaded"
+        logger.info("tokenizer %s loaded from its snapshot, without transformers", self.name)
+        self.has_chat_template = bool(facts.chat_template)
+        self.segments = SegmentTokenizer(lean, share_backend=True, verdict=(facts.segment_reason, facts.word_reason))
+        self.released = "nothing to release"
+        self._fast_chat = ChatRender(facts.chat_template, facts.special_tokens_map)
+        self.fast_chat_reason = None
+        self._warm_up()
+
+    def _transformers_tokenizer(self) -> Any:
+        """The tokenizer as transformers loads it (in lean mode, loaded the first time something needs it)."""
+        with self._transformers_lock:
+            if self._transformers_hf is None:
+                from transformers import AutoTokenizer  # slow import: only at start-up, or never in lean mode
+
+                try:
+                    hf = AutoTokenizer.from_pretrained(self._path, local_files_only=True)
+                except Exception as exc:
+                    raise RuntimeError(f"cannot load the tokenizer {self.name!r} offline: {exc}") from exc
+                if self._template_override is not None:
+                    hf.chat_template = self._template_override
+                self._transformers_hf = hf
+            return self._transformers_hf
+
+    def _warm_up(self) -> None:
         if self.has_chat_template:
             # Compile the template now: the first chat requests would otherwise pay for it (tens of ms).
             with contextlib.suppress(Exception):
                 self.render_chat([{"role": "user", "content": "warm-up"}])
-        self._enable_fast_chat()
+
+    def _write_snapshot(self, snapshots: SnapshotStore, key: str) -> str:
+        """Check that a lean load would answer as this transformers load does; write the snapshot, or the reason
+        there is none. Returns what was done (also logged)."""
+        from tokenizers import Tokenizer as RustTokenizer
+
+        hf = self.hf
+        refused = None
+        backend_json = None
+        try:
+            if self.fast_chat_reason is not None:
+                refused = f"the fast chat render is off: {self.fast_chat_reason}"
+            else:
+                backend_json = hf.backend_tokenizer.to_str()
+                facts = facts_of(hf, self.segments.reason, self.segments.word_reason, self.fast_chat_reason)
+                lean = LeanTokenizer(RustTokenizer.from_str(backend_json), facts)
+                texts = sample_texts(list(lean.get_added_vocab()), samples=200, seed=0)
+                for case in _FAST_CHAT_SAMPLES:
+                    with contextlib.suppress(TokenizerError):
+                        texts.append(self.render_chat(**_render_kwargs(case)))
+                refused = verify(hf, lean, texts)
+        except Exception as exc:  # a tokenizer this code does not know: no snapshot, and why
+            refused = f"check failed: {type(exc).__name__}: {exc}"
+        if refused is not None:
+            snapshots.save(key, None, Verdict(SNAPSHOT_FORMAT, refused=refused))
+            logger.info("tokenizer %s: no snapshot (%s); it loads with transformers", self.name, refused)
+            return f"refused: {refused}"
+        snapshots.save(key, backend_json, Verdict(SNAPSHOT_FORMAT, facts=facts))
+        logger.info("tokenizer %s: snapshot written; later starts load it without transformers", self.name)
+        return "written"
 
     def chat_template_source(self) -> str | None:
         """The chat template's source as the server renders chats with it (the ``tool_use`` one of a named set)."""
@@ -426,21 +305,37 @@ class Tokenizer:
         """Turn the fast chat render on if it renders the sample chats exactly as apply_chat_template does."""
         self._fast_chat = None
         self.fast_chat_reason = None
+        from transformers import __version__ as transformers_version
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+        hf = self.hf
+        if not transformers_version.startswith(VERIFIED_TRANSFORMERS):
+            self.fast_chat_reason = (
+                f"transformers {transformers_version} is not a release this render was checked against"
+            )
+            return
+        for method in ("apply_chat_template", "get_chat_template"):
+            if getattr(type(hf), method, None) is not getattr(PreTrainedTokenizerBase, method):
+                self.fast_chat_reason = f"{type(hf).__name__} overrides {method}"
+                return
         try:
-            fast = _FastChatRender(self.hf)
-        except Exception as exc:  # another transformers layout, or an overridden apply_chat_template
-            self.fast_chat_reason = str(exc) or type(exc).__name__
+            fast = ChatRender(hf.chat_template, hf.special_tokens_map)
+        except NotVerified as exc:
+            self.fast_chat_reason = str(exc)
             return
         if self.has_chat_template:
-            for case in _FAST_CHAT_SAMPLES:
-                kwargs = dict(case.get("chat_template_kwargs") or {})
-                args = (case["messages"], case.get("tools"), case.get("documents"), True, False, None, kwargs)
+            for index, case in enumerate(_FAST_CHAT_SAMPLES):
+                args = _render_args(case)
                 try:
                     expected = self._apply_chat_template(*args)
                 except Exception:
-                    continue  # the template refuses this shape: nothing to compare
-                if fast.render(*args) != expected:
-                    self.fast_chat_reason = f"fast chat render differs on sample {_FAST_CHAT_SAMPLES.index(case)}"
+                    expected = None  # the template refuses this shape: the fast render must refuse it too
+                try:
+                    got = fast.render(*args)
+                except Exception:
+                    got = None
+                if got != expected:
+                    self.fast_chat_reason = f"fast chat render differs on sample {index}"
                     logger.warning("fast chat render disabled for %s: %s", self.name, self.fast_chat_reason)
                     return
         self._fast_chat = fast
@@ -455,7 +350,8 @@ class Tokenizer:
         chat_template: str | None,
         kwargs: dict[str, Any],
     ) -> str:
-        rendered = self.hf.apply_chat_template(
+        """transformers' own render (in lean mode, of the transformers tokenizer loaded for it)."""
+        rendered = self._transformers_tokenizer().apply_chat_template(
             messages,
             tools=tools,
             documents=documents,
@@ -497,14 +393,15 @@ class Tokenizer:
             raise TokenizerError("this model has no chat template; pass --chat-template or use /v1/completions")
         kwargs = dict(chat_template_kwargs or {})
         args = (messages, tools, documents, add_generation_prompt, continue_final_message, chat_template, kwargs)
-        if self._fast_chat is not None:
-            text = self._fast_chat.render(*args)
-            if text is not None:
-                return text
         try:
-            return self._apply_chat_template(*args)
+            text = self._fast_chat.render(*args) if self._fast_chat is not None else None
+            if text is None:  # not for the fast render (or it is off): transformers renders it
+                if self.mode == "lean":
+                    logger.info("a chat the fast render does not take: loading the transformers tokenizer for it")
+                text = self._apply_chat_template(*args)
         except Exception as exc:  # jinja errors, raise_exception() in templates, bad message shapes
             raise TokenizerError(f"cannot render the chat template: {exc}") from None
+        return text
 
     def tokenize_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
         """Render, then tokenize without adding special tokens again (the template has them)."""
@@ -521,6 +418,19 @@ class Tokenizer:
         if previous is None:
             return self.segments.encode_prompt(text)
         return self.segments.encode_after(text, previous)
+
+
+def _render_kwargs(case: Mapping[str, Any]) -> dict[str, Any]:
+    """A sample chat as ``Tokenizer.render_chat``'s arguments."""
+    keys = ("tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+    return {"messages": case["messages"], **{key: case[key] for key in keys if key in case}}
+
+
+def _render_args(case: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A sample chat as the positional arguments of the renders."""
+    kwargs = dict(case.get("chat_template_kwargs") or {})
+    return (case["messages"], case.get("tools"), case.get("documents"), case.get("add_generation_prompt", True),
+            case.get("continue_final_message", False), None, kwargs)  # fmt: skip
 
 
 #: Chats the fast render is compared on at start-up (every shape the server sends: reasoning, tool calls with
@@ -572,5 +482,10 @@ _FAST_CHAT_SAMPLES: list[dict[str, Any]] = [
         ],
         "documents": [{"title": "Doc", "text": "A short document."}],
         "chat_template_kwargs": {"enable_thinking": True, "custom_flag": [1, {"a": None}]},
+    },
+    {
+        "messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "One, two,"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
     },
 ]

@@ -25,6 +25,7 @@ import pytest
 
 from pyfront.hashing import block_hashes, unpack_block_hashes
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, QWEN36_TOKENIZER_NAME
+from tests.conftest import transformers_tokenizer
 from tests.harness import MODEL, Harness, running_harness
 
 TURNS = 20
@@ -202,7 +203,7 @@ def run_transcript(harness: Harness, fmt: Format) -> None:
         sent = rank.recent[-1]
 
         # The prompt: the template's rendering of this conversation, tokenized whole.
-        expected_text = hf.apply_chat_template(
+        expected_text = transformers_tokenizer(tokenizer.name).apply_chat_template(
             [as_template_message(m) for m in messages], tools=TOOLS, add_generation_prompt=True, tokenize=False
         )
         expected_ids = hf.encode(expected_text, add_special_tokens=False)

@@ -13,7 +13,7 @@ from pyfront.engine_client.mock_engine import MockConfig, MockEngine
 from pyfront.server.cli import build_parser, config_from_args
 from pyfront.server.config import ServerConfig
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
-from tests.conftest import free_port
+from tests.conftest import free_port, transformers_tokenizer
 from tests.harness import API_KEY, MODEL, start_server
 
 TOOLS = [
@@ -186,7 +186,9 @@ def test_tools_render_as_vllm_renders_them(env, strict) -> None:
         headers={"Authorization": f"Bearer {API_KEY}"},
         timeout=30,
     ).json()
-    expected = tokenizer.hf.apply_chat_template(messages, tools=[tool], add_generation_prompt=True, tokenize=False)
+    expected = transformers_tokenizer(BUNDLED_TOKENIZER_NAME).apply_chat_template(
+        messages, tools=[tool], add_generation_prompt=True, tokenize=False
+    )
     assert response["tokens"] == tokenizer.encode(expected, add_special_tokens=False)
     assert ('"strict": true' in expected) is (strict is True) and '"strict": null' not in expected
 

@@ -1,5 +1,6 @@
-"""_FastSandbox (server/text/tokenizer.py): templates compiled in it render exactly as in transformers' own
-sandbox, and every sandbox refusal stays a refusal (same text, or the same exception type and message)."""
+"""_FastSandbox (server/text/chat_template.py): templates compiled in it, without transformers, render exactly as in
+transformers' own sandbox, and every sandbox refusal stays a refusal (same text, or the same exception type and
+message)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from transformers.utils import chat_template_utils as ctu
 
-from pyfront.server.text.tokenizer import Tokenizer, _FastChatRender, _FastSandbox
+from pyfront.server.text.chat_template import CompiledTemplates, _FastSandbox
 
 MESSAGES = [
     {"role": "system", "content": "Be brief.", "items": "a key named like a dict method", "keys": 3},
@@ -37,7 +38,19 @@ TEMPLATES = [
     "{{ messages[0].content.index('zz') }}",
     "{{ messages[0].content.strip(1) }}",
     "{% call messages[0].content.strip() %}x{% endcall %}",
+    # transformers' environment: trim_blocks and lstrip_blocks, the generation tag, loop controls, its globals
+    "{% for m in messages %}\n    {% if loop.index > 1 %}\n{{ m.role }}\n    {% endif %}\n{% endfor %}\n",
+    "{% for m in messages %}{% generation %}[{{ m.role }}]{% endgeneration %}{% endfor %}",
+    "{% for m in messages %}{% if loop.index == 2 %}{% break %}{% endif %}{{ m.role }}{% endfor %}"
+    "{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.role }}{% endfor %}",
+    "{{ messages[0] | tojson(indent=2, sort_keys=true) }}{{ 'é<>&' | tojson }}"
+    "{{ [1, 2] | tojson(separators=(',', ':')) }}",
+    "{{ dict(a=1, b=[2]) | tojson }}{{ dict.fromkeys(['x', 'y'], 0) | tojson }}{{ strftime_now('%Y') | length }}",
+    "{% set ns = namespace(a=1) %}{% set ns.b = 2 %}{{ ns.a + ns.b }}",
     # what the sandbox refuses
+    "{% set ns = namespace(_a=1) %}{{ ns._a }}",
+    "{% set ns = namespace() %}{% set ns._b = 2 %}{{ ns._b }}",
+    "{{ dict.__class__ }}{{ dict.fromkeys.__self__ }}",
     "{{ messages.__class__ }}",
     "{{ ''.__class__.__mro__ }}",
     "{{ messages[0].__class__.__subclasses__() }}",
@@ -54,8 +67,8 @@ TEMPLATES = [
 
 
 @cache
-def fast() -> _FastChatRender:
-    return _FastChatRender(Tokenizer("pyfront/qwen3-tokenizer").hf)
+def fast() -> CompiledTemplates:
+    return CompiledTemplates()
 
 
 def outcome(template: Any) -> tuple[str, str]:
@@ -86,7 +99,7 @@ def test_refusals_stay_refusals() -> None:
 
 
 def test_templates_are_kept_within_the_bound() -> None:
-    render = _FastChatRender(Tokenizer("pyfront/qwen3-tokenizer").hf)
+    render = CompiledTemplates()
     for i in range(render.MAX_TEMPLATES + 5):
         render.template(f"{{{{ {i} }}}}")
     assert len(render.templates) == render.MAX_TEMPLATES

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -478,8 +479,6 @@ def test_fast_render_falls_back_where_it_does_not_apply() -> None:
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
     args = (None, None, False, False, None)
     assert fast.render(messages, *args, {}) is not None
-    assert fast.render(messages, None, None, False, True, None, {}) is None  # continue_final_message
-    assert fast.render([], *args, {}) is None
     assert fast.render([("user", "Hi")], *args, {}) is None
     assert fast.render([{"role": "user", "content": ("a", "b")}], *args, {}) is None  # a tuple
     assert fast.render([{"role": "user", "content": "x", 1: "y"}], *args, {}) is None  # a non-str key
@@ -494,17 +493,109 @@ def test_fast_render_falls_back_where_it_does_not_apply() -> None:
         tok.render_chat(messages, chat_template="{{ raise_exception('no') }}")
 
 
-def test_fast_render_self_check_turns_it_off(monkeypatch) -> None:
-    import pyfront.server.text.tokenizer as tokenizer_module
+def _outcome(render: Any, *args: Any, **kwargs: Any) -> tuple[str, str]:
+    try:
+        return "ok", render(*args, **kwargs)
+    except Exception as exc:  # the error itself is compared
+        return type(exc).__name__, str(exc)
+
+
+def test_fast_render_takes_continue_final_message_and_the_wrapper_errors_as_transformers() -> None:
+    """continue_final_message (the tag and the cut) and the errors apply_chat_template raises before or around the
+    render: the same text, or the same exception and words."""
+    tok = server_tokenizer()
+    fast = tok._fast_chat
+    keep_spacing = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+    trims = "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{% endfor %}"
+    drops = "{% for m in messages %}{{ m.role }}{% endfor %}"
+    blocks = "{% for m in messages %}{% for b in m.content %}{{ b.text }}{% endfor %}{% endfor %}"
+    user = {"role": "user", "content": "Hi"}
+    cases = [
+        ([user, {"role": "assistant", "content": "Hel"}], None, True, False),
+        ([user, {"role": "assistant", "content": "Hel  "}], trims, True, False),
+        ([user, {"role": "assistant", "content": "Hel  "}], keep_spacing, True, False),
+        ([user, {"role": "assistant", "content": "Hel"}], drops, True, False),
+        ([user, {"role": "assistant", "reasoning_content": "r"}], None, True, False),
+        ([user, {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"x": 1}]}], blocks, True, False),
+        ([user, {"role": "assistant", "content": [{"x": 1}]}], blocks, True, False),
+        ([user, {"role": "assistant", "content": "Hel"}], "{{ messages | length }}", True, False),
+        ([user, {"role": "assistant", "content": "Hel"}], None, True, True),  # with add_generation_prompt
+        ([], None, False, True),
+        ([user], "{% for m in messages %}{{ m.role + 1 }}{% endfor %}", False, True),
+        ([user], "{{ raise_exception('no ' + messages[0].role) }}", False, True),
+        ([user], "{% if %}", False, True),
+    ]
+    for messages, template, continue_final, generation_prompt in cases:
+        args = (None, None, generation_prompt, continue_final, template, {})
+        ours = _outcome(fast.render, copy.deepcopy(messages), *args)
+        theirs = _outcome(
+            tok.hf.apply_chat_template,
+            copy.deepcopy(messages),
+            chat_template=template,
+            add_generation_prompt=generation_prompt,
+            continue_final_message=continue_final,
+            tokenize=False,
+        )
+        assert ours == theirs, (messages, template)
+
+
+def test_fast_render_picks_among_named_templates_as_transformers() -> None:
+    """A tokenizer with several named templates: tool_use with tools, default otherwise, a name picks one, and no
+    default is transformers' error."""
+    from pyfront.server.text.chat_template import ChatRender
 
     tok = server_tokenizer()
-    original = tokenizer_module._FastChatRender.render
+    messages = [{"role": "user", "content": "Hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    original = tok.hf.chat_template
+    try:
+        for templates in (
+            {"default": "D{{ messages[0].content }}", "tool_use": "T{{ tools | length }}", "other": "O"},
+            {"tool_use": "T", "other": "O"},
+        ):
+            tok.hf.chat_template = templates
+            fast = ChatRender(templates, tok.hf.special_tokens_map)
+            for given_tools, name in ((None, None), (tools, None), ([], None), (None, "other"), (tools, "other")):
+                ours = _outcome(fast.render, messages, given_tools, None, True, False, name, {})
+                theirs = _outcome(
+                    tok.hf.apply_chat_template,
+                    messages,
+                    tools=given_tools,
+                    chat_template=name,
+                    add_generation_prompt=True,
+                    tokenize=False,
+                )
+                assert ours == theirs, (templates, given_tools, name)
+    finally:
+        tok.hf.chat_template = original
+
+
+def test_wrapper_parameters_are_transformers_parameters() -> None:
+    """The template variables left to transformers are exactly the wrapper's parameter names."""
+    import inspect
+
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    from transformers.utils import chat_template_utils as ctu
+
+    from pyfront.server.text.chat_template import WRAPPER_PARAMETERS
+
+    names = {"messages", "self", "conversation", "conversations"}
+    for fn in (PreTrainedTokenizerBase.apply_chat_template, ctu.render_jinja_template):
+        names.update(inspect.signature(fn).parameters)
+    assert names == WRAPPER_PARAMETERS
+
+
+def test_fast_render_self_check_turns_it_off(monkeypatch) -> None:
+    from pyfront.server.text.chat_template import ChatRender
+
+    tok = server_tokenizer()
+    original = ChatRender.render
 
     def broken(self, *args):
         text = original(self, *args)
         return None if text is None else text + " "
 
-    monkeypatch.setattr(tokenizer_module._FastChatRender, "render", broken)
+    monkeypatch.setattr(ChatRender, "render", broken)
     tok._enable_fast_chat()
     try:
         assert tok._fast_chat is None and tok.fast_chat_reason
@@ -528,10 +619,7 @@ def test_test_extra_holds_transformers_to_the_verified_releases() -> None:
     test_extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     bounds = [re.fullmatch(r"transformers<(\d+)\.(\d+)", spec.replace(" ", "")) for spec in test_extra]
     (bound,) = [match for match in bounds if match]
-    newest = max(
-        tuple(int(part) for part in v.rstrip(".").split("."))
-        for v in tokenizer_module._FastChatRender.VERIFIED_TRANSFORMERS
-    )
+    newest = max(tuple(int(part) for part in v.rstrip(".").split(".")) for v in tokenizer_module.VERIFIED_TRANSFORMERS)
     assert (int(bound[1]), int(bound[2])) == (newest[0], newest[1] + 1)
 
 
@@ -541,11 +629,11 @@ def test_test_extra_holds_jinja_to_the_verified_releases() -> None:
     import re
     import tomllib
 
-    import pyfront.server.text.tokenizer as tokenizer_module
+    from pyfront.server.text.chat_template import VERIFIED_JINJA
 
     root = pathlib.Path(__file__).resolve().parents[3]
     test_extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     (bound,) = [m for m in (re.fullmatch(r"jinja2<(\d+)\.(\d+)", spec.replace(" ", "")) for spec in test_extra) if m]
-    (verified,) = tokenizer_module._FastChatRender.VERIFIED_JINJA
+    (verified,) = VERIFIED_JINJA
     major, minor = (int(part) for part in verified.rstrip(".").split("."))
     assert (int(bound[1]), int(bound[2])) == (major, minor + 1)
