@@ -28,15 +28,20 @@ text). The fast path costs a clock read per request and a length comparison per 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
+from typing import Any, cast
 
 import httptools
 import msgspec
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from pyfront.server.access_log import AccessLine
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import error_body
+from pyfront.server.http_cycle import DefaultHeaders, ResponseCycle, unverified_reason
+
+logger = logging.getLogger("pyfront.server")
 
 LINGER_S = 2.0
 """After a refusal, how long the connection stays half-open for the client to read the answer."""
@@ -72,9 +77,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     limits: ReadLimits
     access_line: AccessLine
     """The server's access logger (server/access_log.py), shared by its connections."""
+    response_cycle: bool
+    """Whether cycles are ResponseCycles (server/http_cycle.py: the installed uvicorn is one it was read against)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._default_headers = DefaultHeaders()
         self.access_logger = self.access_line  # type: ignore[assignment]  # uvicorn only calls its `info`
         self._in_head = True
         """Between the end of a request (or the connection's start) and the end of the next one's headers."""
@@ -92,6 +100,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
         super().connection_lost(exc)
+        self._tell_gone(self.cycle)
+
+    @staticmethod
+    def _tell_gone(cycle: RequestResponseCycle | None) -> None:
+        """A cycle marked disconnected calls the application's callback (server/http_cycle.py), if it has one."""
+        if isinstance(cycle, ResponseCycle) and cycle.disconnected:
+            cycle.client_gone()
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's, with the head fed at most `max_header_bytes` at a time and the refusals as JSON bodies."""
@@ -148,6 +163,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self._refuse(400, f"invalid HTTP request: {exc}")
         return False
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Every cycle uvicorn starts is a ResponseCycle (server/http_cycle.py), when that applies."""
+        if self.response_cycle:
+            cycle.__class__ = ResponseCycle
+            cast(ResponseCycle, cycle).adopt(self._default_headers)
+        super()._start_asgi_task(cycle, app)
 
     # ------------------------------------------------------------------ parser callbacks
 
@@ -225,6 +247,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
+                self._tell_gone(cycle)
         if writable and not self.transport.is_closing():
             client = f"{self.client[0]}:{self.client[1]} - " if self.client else ""
             self.logger.warning("%srefused a request with %d: %s", client, status, message)
@@ -255,5 +278,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 def protocol_class(limits: ReadLimits) -> type[LimitedHttpToolsProtocol]:
     """The protocol for uvicorn's `http=`: uvicorn builds it with its own arguments, so the limits (and the
     server's access logger) ride on a class."""
-    attributes = {"limits": limits, "access_line": AccessLine()}
+    reason = unverified_reason()
+    if reason is not None:
+        logger.warning("responses are written by uvicorn's own cycle: %s", reason)
+    attributes = {"limits": limits, "access_line": AccessLine(), "response_cycle": reason is None}
     return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), attributes)

@@ -51,9 +51,18 @@ class Harness:
         return totals
 
 
-def start_server(config: ServerConfig) -> tuple[uvicorn.Server, threading.Thread]:
+def start_server(config: ServerConfig, *, as_pyfront_serve: bool = False) -> tuple[uvicorn.Server, threading.Thread]:
+    """The app on uvicorn's own HTTP protocol, or (`as_pyfront_serve`) on the one `pyfront serve` runs
+    (launcher.build_uvicorn_config: server/http_limits.py's protocol, server/http_cycle.py's response cycle)."""
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning"))
+    if as_pyfront_serve:
+        from pyfront.server.launcher import build_uvicorn_config
+
+        config.uvicorn_log_level = "warning"
+        uvicorn_config = build_uvicorn_config(app, config)
+    else:
+        uvicorn_config = uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning")
+    server = uvicorn.Server(uvicorn_config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -68,7 +77,9 @@ def start_server(config: ServerConfig) -> tuple[uvicorn.Server, threading.Thread
 
 
 @contextlib.contextmanager
-def running_harness(config_overrides: dict | None = None, **mock_options: object) -> Iterator[Harness]:
+def running_harness(
+    config_overrides: dict | None = None, *, as_pyfront_serve: bool = False, **mock_options: object
+) -> Iterator[Harness]:
     rpc_port, http_port = free_port(), free_port()
     options: dict = {"step_interval_s": 0.002, "output_len": 12, "max_model_len": 4096, "advertise_feh": True}
     options.update(mock_options)
@@ -85,7 +96,7 @@ def running_harness(config_overrides: dict | None = None, **mock_options: object
         "data_parallel_size": len(options["ranks"]),
     }
     config = ServerConfig(**{**settings, **(config_overrides or {})})
-    server, thread = start_server(config)
+    server, thread = start_server(config, as_pyfront_serve=as_pyfront_serve)
     try:
         yield Harness(f"http://127.0.0.1:{http_port}", mock, server.config.app)
     finally:

@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 
 ORDER = ["api", "generate", "chat", "text"]
 """The request path's packages, outermost first: each may import only those after it."""
-SHARED = {"openai", "anthropic", "state", "errors", "config", "metrics", "ids", "pacing"}
+SHARED = {"openai", "anthropic", "state", "errors", "config", "metrics", "ids", "pacing", "extensions"}
 """What every package may use: the request types (OpenAI's, Anthropic's), the serving state, the error table,
 settings, metrics, request ids, admission pacing."""
 

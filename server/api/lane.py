@@ -28,6 +28,7 @@ from pyfront.server.errors import (
     error_response_for,
     sse_error_frame,
 )
+from pyfront.server.extensions import DISCONNECT, Disconnect
 from pyfront.server.state import ServingState
 
 _Handler = Callable[[ServingState, ServerConfig, bytes, RequestHeaders], Coroutine[Any, Any, Response]]
@@ -62,7 +63,7 @@ class FastLane:
             if raw is None:
                 return  # the client left before sending its body
             handler = self.handlers[scope["path"]](state, self.config, raw, RequestHeaders(scope))
-            response = await _unless_client_leaves(handler, receive)
+            response = await _unless_client_leaves(handler, receive, scope)
             if response is None:
                 return  # the client left while its answer was being made: the handler was cancelled
         except Exception as exc:
@@ -73,30 +74,44 @@ class FastLane:
 _CLIENT_LEFT = "pyfront: the client disconnected"
 
 
-async def _unless_client_leaves(handler: Coroutine[Any, Any, Response], receive: Receive) -> Response | None:
+async def _unless_client_leaves(
+    handler: Coroutine[Any, Any, Response], receive: Receive, scope: Scope
+) -> Response | None:
     """Run `handler`, cancelling it if the client disconnects first (vLLM's `with_cancellation`).
 
     A non-streamed answer is made entirely inside the handler (it waits for the last token), so a
     client that gives up would otherwise keep its engine requests running to the end and its admission
-    slot taken. The body has been read, so the next message `receive` gives is the disconnect. The
-    handler runs in this task; a watcher task waits for that message and cancels this one, with a
-    message of its own so that no other cancel (a shutdown's) is mistaken for it. Cancelled, the handler
-    aborts its engine requests and releases its admission in its own clean-up (Generation.abort, the
-    `finally` that releases). A streamed answer is returned at once, and the SSE response watches for the
-    disconnect from then on.
+    slot taken. The handler runs in this task, and is cancelled with a message of its own, so that no
+    other cancel (a shutdown's) is mistaken for it. Cancelled, the handler aborts its engine requests and
+    releases its admission in its own clean-up (Generation.abort, the `finally` that releases). A
+    streamed answer is returned at once, and the SSE response watches for the disconnect from then on.
+
+    How the disconnect is seen: `pyfront serve`'s server calls back when the connection is lost (its
+    scope extension, server/extensions.py); any other server tells it only as the next `receive`
+    message (the body has been read, so that is the disconnect), which a watcher task waits for.
     """
     task = asyncio.current_task()
     assert task is not None
     left = False
 
-    async def watch() -> None:
+    def leave() -> None:
         nonlocal left
-        while (await receive())["type"] != "http.disconnect":
-            pass
         left = True
         task.cancel(_CLIENT_LEFT)
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    extension: Disconnect | None = (scope.get("extensions") or {}).get(DISCONNECT)
+    when_disconnected = extension["when_disconnected"] if extension is not None else None
+    watcher = None
+    if when_disconnected is not None:
+        when_disconnected(leave)
+    else:
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            leave()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
     try:
         return await handler
     except asyncio.CancelledError as exc:
@@ -105,7 +120,10 @@ async def _unless_client_leaves(handler: Coroutine[Any, Any, Response], receive:
         task.uncancel()
         return None
     finally:
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
+        elif when_disconnected is not None:
+            when_disconnected(None)
 
 
 class PyfrontApp(FastAPI):
