@@ -57,6 +57,7 @@ from pyfront.engine_client.handshake import (
     HandshakeServer,
     identity_rank,
 )
+from pyfront.engine_client.io_threads import batch_io_threads
 from pyfront.engine_client.kv_events import KVEventsEndpoints, resolve_endpoints
 from pyfront.engine_client.kv_subscriber import KVEventSubscriber, initial_mode
 from pyfront.engine_client.negotiation import Negotiation, feh_eligible, feh_enabled_by_env, negotiate
@@ -380,6 +381,8 @@ class EngineClient:
         self.input_address = self._input.getsockopt_string(zmq.LAST_ENDPOINT)
         self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
         self._monitor = self._input.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.io_threads = batch_io_threads()
+        """What became of libzmq's I/O threads' scheduling (engine_client/io_threads.py)."""
 
     async def _start(self) -> None:
         cfg = self.config

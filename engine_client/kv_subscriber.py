@@ -36,6 +36,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from pyfront.engine_client.io_threads import batch_io_threads
 from pyfront.engine_client.kv_events import END_SEQ, KVEventsEndpoints, decode_batch
 from pyfront.engine_client.prefix_index import APPROXIMATE, ENGINE_HASHES, VERIFYING, PrefixIndex
 
@@ -161,6 +162,7 @@ class KVEventSubscriber:
         if old is not None:
             self._close_source(old)
         sub = self._ctx.socket(zmq.SUB)
+        batch_io_threads()  # this context's I/O thread too (engine_client/io_threads.py)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.SUBSCRIBE, endpoints.topic.encode())
