@@ -17,6 +17,7 @@ from pyfront.server.errors import APIError, Overloaded
 from pyfront.server.ids import EngineRequestIds
 from pyfront.server.metrics import Metrics
 from pyfront.server.pacing import AdmissionPacer
+from pyfront.server.text.prompts import RecentPrompts
 from pyfront.server.text.tokenizer import ChatTokenizer
 
 logger = logging.getLogger("pyfront.server")
@@ -52,6 +53,9 @@ class ServingState:
     pacer: AdmissionPacer = field(default_factory=AdmissionPacer)
     """Streamed requests' admissions take turns with running streams' outputs in a burst (server/pacing.py)."""
     """Makes the engine request id of every choice (the base id plus random bits)."""
+    recent_prompts: RecentPrompts = field(default_factory=lambda: RecentPrompts())
+    """The last long prompts rendered, for the next turn of each conversation to tokenize and hash only what it
+    adds (server/chat/render.py)."""
     render_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyfront-render")
     )

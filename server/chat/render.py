@@ -9,7 +9,6 @@ from typing import Any
 
 import msgspec
 
-from pyfront.hashing import HashConfig
 from pyfront.server.errors import APIError
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
@@ -17,7 +16,7 @@ from pyfront.server.openai.types import (
     tool_dicts,
 )
 from pyfront.server.state import ServingState
-from pyfront.server.text.segment_cache import PromptTokens
+from pyfront.server.text.prompts import TurnPrompt
 from pyfront.server.text.tokenizer import TokenizerError
 
 logger = logging.getLogger("pyfront.server")
@@ -101,6 +100,14 @@ def renders_inline(request: ChatCompletionRequest, body_bytes: int | None) -> bo
     return body_bytes is not None and body_bytes <= INLINE_RENDER_MAX_BYTES and request.chat_template is None
 
 
+REUSE_MIN_BYTES = 16 * 1024
+"""Request bodies at least this long are tokenized and hashed from the closest recent prompt (RecentPrompts).
+
+Why the bound: a long chat is re-sent whole every turn, and tokenizing and hashing all of it again is the part of a
+turn that grows with the history (1.6 and 0.6 ms at turn 50 of benchmarks/turn_profile.py, against 0.4 and 0.2 ms
+for the tail after the shared prefix). A short one costs less to tokenize than to look up and keep."""
+
+
 async def render_chat(
     state: ServingState,
     request: ChatCompletionRequest,
@@ -112,8 +119,13 @@ async def render_chat(
 
     On a worker thread, unless the request body (`body_bytes`, None: unknown) is small enough to do it inline
     (`renders_inline`). Hashing in the same thread hop as rendering saves a second hop per request; the blob
-    is what EngineClient.add_request would compute (the same memo), so the engine request is the same.
+    is what EngineClient.add_request would compute (the same memo), so the engine request is the same. A long
+    body (`REUSE_MIN_BYTES`) is tokenized and hashed after the prefix it shares with the closest of the process's
+    recent prompts (`render_turn`), exactly as in full.
     """
+    if body_bytes is not None and body_bytes >= REUSE_MIN_BYTES:
+        turn = await render_turn(state, request, None, hash_prompt=hash_prompt)
+        return turn.tokens.text, turn.tokens.ids, turn.blob
     _check_template(state, request)
     hasher = state.engine.hasher if hash_prompt and state.engine is not None else None
 
@@ -132,27 +144,11 @@ async def render_chat(
         raise APIError(400, str(exc), param="messages") from None
 
 
-class TurnPrompt:
-    """A rendered turn kept for the next one: its tokens (text, ids, piece starts), and its block hashes
-    with the hash config and salt they were computed under (a later turn reuses them only under the same)."""
-
-    __slots__ = ("blob", "hash_config", "salt", "tokens")
-
-    def __init__(
-        self, tokens: PromptTokens, blob: bytes | None, hash_config: HashConfig | None, salt: str | None
-    ) -> None:
-        self.tokens = tokens
-        self.blob = blob
-        self.hash_config = hash_config
-        self.salt = salt
-
-    @property
-    def nbytes(self) -> int:
-        return self.tokens.nbytes + (len(self.blob) if self.blob is not None else 0)
-
-
-async def render_turn(state: ServingState, request: ChatCompletionRequest, previous: TurnPrompt | None) -> TurnPrompt:
-    """``render_chat(..., hash_prompt=True)`` for a turn that continues ``previous`` (or starts a chain).
+async def render_turn(
+    state: ServingState, request: ChatCompletionRequest, previous: TurnPrompt | None, *, hash_prompt: bool = True
+) -> TurnPrompt:
+    """``render_chat(..., hash_prompt=True)`` for a turn that continues ``previous``, or with None the closest of the
+    process's recent prompts (``ServingState.recent_prompts``; the turn is kept there then).
 
     The template is rendered in full (a template may rewrite earlier turns; comparing the text is what
     makes reuse exact for any template), then only the text after the prefix shared with ``previous`` is
@@ -160,20 +156,25 @@ async def render_turn(state: ServingState, request: ChatCompletionRequest, previ
     (``PromptHasher.hash_prompt_after_sync``). The result equals a full render, tokenize and hash.
     """
     _check_template(state, request)
-    hasher = state.engine.hasher if state.engine is not None else None
+    hasher = state.engine.hasher if hash_prompt and state.engine is not None else None
     salt = request.cache_salt
+    recent = state.recent_prompts if previous is None else None
 
     def render() -> TurnPrompt:
-        tokens = state.tokenizer.tokenize_chat_after(
-            message_dicts(request), previous.tokens if previous is not None else None, **_template_args(request)
-        )
+        tokenizer = state.tokenizer
+        text = tokenizer.render_chat(message_dicts(request), **_template_args(request))
+        before, continues = (previous, True) if recent is None else recent.closest(text)
+        tokens = tokenizer.tokenize_prompt(text, before.tokens if before is not None else None)
         if hasher is None:
-            return TurnPrompt(tokens, None, None, salt)
-        if previous is not None and previous.hash_config == hasher.config and previous.salt == salt:
-            blob = hasher.hash_prompt_after_sync(tokens.ids, previous.blob, tokens.shared, salt, checked=True)
+            blob = None
+        elif before is not None and before.hash_config == hasher.config and before.salt == salt:
+            blob = hasher.hash_prompt_after_sync(tokens.ids, before.blob, tokens.shared, salt, checked=True)
         else:
             blob = hasher.hash_prompt_sync(tokens.ids, salt, checked=True)
-        return TurnPrompt(tokens, blob, hasher.config, salt)
+        turn = TurnPrompt(tokens, blob, hasher.config if hasher is not None else None, salt)
+        if recent is not None:
+            recent.add(turn, replaces=before if continues else None)
+        return turn
 
     try:
         return await asyncio.get_running_loop().run_in_executor(state.render_pool, render)

@@ -199,6 +199,11 @@ class PromptTokens:
     def nbytes(self) -> int:
         return 4 * len(self.text) + 8 * len(self.ids) + 16 * len(self.cuts.chars)
 
+    @property
+    def last_piece_start(self) -> int:
+        """Where the text after its last added token starts (its length when no piece starts are known)."""
+        return self.cuts.chars[-1] if self.cuts.chars else len(self.text)
+
 
 def common_prefix_length(a: str, b: str) -> int:
     """The length of the longest common prefix of two strings, compared a chunk at a time (C speed)."""

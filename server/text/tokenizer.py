@@ -77,10 +77,23 @@ class ChatTokenizer(Protocol):
         """The rendered prompt and its ids (chat template applied); raises TokenizerError for a 400."""
         ...
 
-    def tokenize_chat_after(
-        self, messages: list[dict[str, Any]], previous: PromptTokens | None, **kwargs: Any
-    ) -> PromptTokens:
-        """``tokenize_chat``, reusing the ids of the prefix the prompt shares with ``previous`` (same ids)."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The rendered prompt (chat template applied); raises TokenizerError for a 400."""
+        ...
+
+    def tokenize_prompt(self, text: str, previous: PromptTokens | None) -> PromptTokens:
+        """A rendered prompt's ids (no special tokens added), reusing those of the prefix it shares with
+        ``previous`` (same ids as without it)."""
         ...
 
 
@@ -408,13 +421,10 @@ class Tokenizer:
         text = self.render_chat(messages, **kwargs)
         return text, self.segments.encode(text)
 
-    def tokenize_chat_after(
-        self, messages: list[dict[str, Any]], previous: PromptTokens | None, **kwargs: Any
-    ) -> PromptTokens:
-        """Render in full (the template may change earlier turns' text: Qwen3 drops the reasoning of turns
-        before the last user query), then tokenize only from where the text leaves ``previous`` (exact: see
-        ``SegmentTokenizer.encode_after``)."""
-        text = self.render_chat(messages, **kwargs)
+    def tokenize_prompt(self, text: str, previous: PromptTokens | None) -> PromptTokens:
+        """Tokenize a rendered prompt only from where its text leaves ``previous`` (exact: see
+        ``SegmentTokenizer.encode_after``). The whole prompt is rendered first (the template may change earlier
+        turns' text: Qwen3 drops the reasoning of turns before the last user query)."""
         if previous is None:
             return self.segments.encode_prompt(text)
         return self.segments.encode_after(text, previous)

@@ -21,8 +21,8 @@ from typing import Any
 import msgspec
 
 from pyfront.server.api.responses_api.background import BackgroundRuns, EventLog
-from pyfront.server.chat.render import TurnPrompt
 from pyfront.server.openai.types import ChatMessage
+from pyfront.server.text.prompts import TurnPrompt
 
 logger = logging.getLogger("pyfront.server")
 

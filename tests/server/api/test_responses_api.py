@@ -472,7 +472,7 @@ def test_the_store_evicts_least_recently_used_by_count_and_by_bytes() -> None:
 
 def test_a_stored_continuation_drops_its_parents_prompt_and_its_bytes() -> None:
     """Only the newest response of a chain keeps its rendered prompt; the store's byte count follows."""
-    from pyfront.server.chat.render import TurnPrompt
+    from pyfront.server.text.prompts import TurnPrompt
     from pyfront.server.text.segment_cache import PromptTokens, _Cuts
 
     prompt = TurnPrompt(PromptTokens("x" * 1000, list(range(300)), _Cuts(0, 0)), b"FEH1" + b"\0" * 36, None, None)

@@ -1,6 +1,6 @@
-"""render_turn (the previous_response_id path): a turn rendered after the stored previous one tokenizes only the
-text after the shared prefix and hashes only the blocks after the shared ids, and its ids and block hashes are
-exactly those of a full render, tokenize and hash.
+"""render_turn (the previous_response_id path, and long chats re-sent whole through the process's recent prompts):
+a turn rendered after an earlier one tokenizes only the text after the shared prefix and hashes only the blocks after
+the shared ids, and its ids and block hashes are exactly those of a full render, tokenize and hash.
 
 Checked over random agent conversations on both bundled tokenizers (Qwen3 and Qwen3.6, whose templates drop the
 reasoning of turns before the last user query, so a new user message rewrites earlier text): reasoning, parallel
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pyfront.hashing import PromptHasher, block_hashes, pack_block_hashes
-from pyfront.server.chat.render import TurnPrompt, render_turn
+from pyfront.server.chat.render import _template_args, message_dicts, render_turn
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
     ChatMessage,
@@ -30,6 +30,7 @@ from pyfront.server.openai.types import (
     Tool,
     ToolCall,
 )
+from pyfront.server.text.prompts import RecentPrompts, TurnPrompt
 from pyfront.server.text.tokenizer import Tokenizer
 from tests.hashing.test_hashing import config
 
@@ -103,7 +104,13 @@ def _request(messages: list[ChatMessage], salt: str | None, thinking: bool) -> C
 
 def _state(tok: Tokenizer, hasher: PromptHasher | None, pool: ThreadPoolExecutor) -> Any:
     engine = SimpleNamespace(hasher=hasher) if hasher is not None else None
-    return SimpleNamespace(tokenizer=tok, engine=engine, allow_request_chat_template=False, render_pool=pool)
+    return SimpleNamespace(
+        tokenizer=tok,
+        engine=engine,
+        allow_request_chat_template=False,
+        render_pool=pool,
+        recent_prompts=RecentPrompts(),
+    )
 
 
 def _full(
@@ -179,3 +186,74 @@ def test_a_continued_turn_encodes_only_its_tail() -> None:
     assert after.reused_prefix_tokens - before.reused_prefix_tokens == second.tokens.shared
     assert after.segments - before.segments <= 8  # the tail's pieces, not the history's
     assert second.blob is not None and second.blob.startswith(first.blob[: 4 + 4 + 32 * (second.tokens.shared // 16)])
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@pytest.mark.parametrize("seed", range(4))
+def test_conversations_re_sent_whole_start_from_their_recent_prompt(name: str, seed: int) -> None:
+    """Several conversations interleaved, each re-sent whole every turn (chat completions), all opening with the same
+    long system prompt: every turn equals a full render, tokenize and hash; each continues from its own previous
+    turn, found among the recent prompts."""
+    rng = random.Random(100 + seed)
+    tok = tokenizer(name)
+    hasher = PromptHasher(config(16))
+    system = ChatMessage(role="system", content=" ".join(rng.choice(WORDS) for _ in range(1500)))
+    conversations: list[tuple[list[ChatMessage], list[str], TurnPrompt | None]] = [([system], [], None)] * 4
+    continued = 0
+    with ThreadPoolExecutor(1) as pool:
+        state = _state(tok, hasher, pool)
+        for step in range(24):
+            index = rng.randrange(len(conversations))
+            messages, pending, last = conversations[index]
+            messages = [*messages, *_turn_input(rng, pending)]
+            request = _request(messages, None, True)
+            if last is not None:  # the recent prompt it starts from is this conversation's own previous one
+                text = tok.render_chat(message_dicts(request), **_template_args(request))
+                assert state.recent_prompts.closest(text)[0] is last, step
+            prompt = asyncio.run(render_turn(state, request, None))
+            expected_text, expected_ids, expected_blob = _full(tok, request, 16)
+            assert (prompt.tokens.text, prompt.tokens.ids, prompt.blob) == (
+                expected_text,
+                expected_ids,
+                expected_blob,
+            ), step
+            if last is not None:
+                assert prompt.tokens.shared > len(system.content) // 8, step  # the system prompt at least
+                continued += 1
+            assistant, pending = _assistant(rng, step)
+            conversations[index] = ([*messages, assistant], pending, prompt)
+    assert continued > 10
+
+
+def test_recent_prompts_are_bounded_and_replaced_only_by_their_continuation() -> None:
+    tok = tokenizer(TOKENIZERS[0])
+
+    def turn(text: str) -> TurnPrompt:
+        return TurnPrompt(tok.tokenize_prompt(text, None), None, None, None)
+
+    recent = RecentPrompts()
+    assert recent.closest("anything") == (None, False)
+    a = turn("system prompt. conversation A, turn 1")
+    recent.add(a, None)
+    b_text = "system prompt. conversation B, turn 1"
+    before, continues = recent.closest(b_text)
+    assert before is a and not continues  # shares only the system prompt: kept beside it
+    b = turn(b_text)
+    recent.add(b, before if continues else None)
+    a2_text = a.tokens.text + " and turn 2"
+    before, continues = recent.closest(a2_text)
+    assert before is a and continues
+    recent.add(turn(a2_text), before)
+    assert len(recent) == 2
+    for i in range(RecentPrompts.MAX_PROMPTS + 3):
+        recent.add(turn(f"conversation {i}"), None)
+    assert len(recent) == RecentPrompts.MAX_PROMPTS
+    big = turn("x" * 1000)
+    original = RecentPrompts.MAX_BYTES
+    try:
+        RecentPrompts.MAX_BYTES = big.nbytes * 3
+        for _ in range(5):
+            recent.add(turn("x" * 1000), None)
+        assert sum(kept.nbytes for kept in recent._turns) <= RecentPrompts.MAX_BYTES
+    finally:
+        RecentPrompts.MAX_BYTES = original
