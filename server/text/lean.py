@@ -15,7 +15,7 @@ checking that :class:`LeanTokenizer` over that snapshot answers every call pyfro
 object does (:func:`verify`: the serialization round trip, encodes, decodes, conversions, special tokens, and that
 no method pyfront calls is overridden by the tokenizer's class). A later start finds the snapshot by a key over
 everything the result depends on (the tokenizer files' contents, the chat template given on the command line, the
-versions of transformers, tokenizers and jinja2, and the source of the modules that decide exactness) and loads it
+versions of transformers, tokenizers, jinja2 and Python, and the source of the modules that decide exactness) and loads it
 with ``tokenizers`` alone. A snapshot that cannot be trusted is never written: the reason is recorded instead, and
 that tokenizer keeps loading with transformers (logged once per start).
 
@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import platform
 import random
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -315,8 +316,8 @@ class SnapshotStore:
 
         digest = hashlib.sha256()
         digest.update(f"format {SNAPSHOT_FORMAT}\n".encode())
-        versions = (_version("transformers"), tokenizers.__version__, jinja2.__version__)
-        digest.update(f"transformers {versions[0]} tokenizers {versions[1]} jinja2 {versions[2]}\n".encode())
+        versions = (_version("transformers"), tokenizers.__version__, jinja2.__version__, platform.python_version())
+        digest.update("transformers {} tokenizers {} jinja2 {} python {}\n".format(*versions).encode())
         digest.update(f"chat_template {chat_template!r}\n".encode())
         here = Path(__file__).parent
         try:
@@ -394,3 +395,29 @@ class SnapshotStore:
             for path in self._paths(old.name.removesuffix(".json")):
                 with contextlib.suppress(OSError):
                     path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pyfront.server.text.lean MODEL [--chat-template T]``: write the tokenizer snapshot ahead of the first
+    start (an image build, a deployment step), as `pyfront serve MODEL` would at its first start; prints what was
+    done."""
+    import argparse
+
+    from pyfront.server.text.tokenizer import Tokenizer
+
+    parser = argparse.ArgumentParser(prog="python -m pyfront.server.text.lean", description=main.__doc__)
+    parser.add_argument("model", help="a model or tokenizer directory, or a bundled tokenizer name")
+    parser.add_argument("--chat-template", default=None, help="as `pyfront serve --chat-template`")
+    parser.add_argument("--tokenizer-snapshot-dir", default=None, help="as `pyfront serve`'s (default: its default)")
+    args = parser.parse_args(argv)
+    store = SnapshotStore(args.tokenizer_snapshot_dir or SnapshotStore.default_directory())
+    tokenizer = Tokenizer(args.model, chat_template=args.chat_template, snapshots=store)
+    print(f"{args.model}: loaded {'without' if tokenizer.mode == 'lean' else 'with'} transformers; snapshot "
+          f"{tokenizer.snapshot} ({store.directory})")  # fmt: skip
+    return 0 if tokenizer.snapshot in ("written", "loaded") else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -310,3 +310,13 @@ def test_the_backend_config_is_the_serialization(name: str) -> None:
     assert parts["added_tokens"] == [
         {"id": t["id"], "content": t["content"], "normalized": t["normalized"]} for t in whole["added_tokens"]
     ]
+
+
+def test_a_snapshot_can_be_written_ahead_of_the_first_start(tmp_path: Path) -> None:
+    """`python -m pyfront.server.text.lean MODEL` (the docker image runs it for the bundled tokenizer)."""
+    command = [sys.executable, "-m", "pyfront.server.text.lean", "pyfront/qwen3-tokenizer", "--tokenizer-snapshot-dir"]
+    first = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    assert "loaded with transformers; snapshot written" in first.stdout
+    second = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert second.returncode == 0 and "loaded without transformers; snapshot loaded" in second.stdout
