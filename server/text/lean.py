@@ -15,9 +15,9 @@ checking that :class:`LeanTokenizer` over that snapshot answers every call pyfro
 object does (:func:`verify`: the serialization round trip, encodes, decodes, conversions, special tokens, and that
 no method pyfront calls is overridden by the tokenizer's class). A later start finds the snapshot by a key over
 everything the result depends on (the tokenizer files' contents, the chat template given on the command line, the
-versions of transformers, tokenizers, jinja2 and Python, and the source of the modules that decide exactness) and loads it
-with ``tokenizers`` alone. A snapshot that cannot be trusted is never written: the reason is recorded instead, and
-that tokenizer keeps loading with transformers (logged once per start).
+versions of transformers, tokenizers, jinja2 and Python, and the source of the modules that decide exactness) and
+loads it with ``tokenizers`` alone. A snapshot that cannot be trusted is never written: the reason is recorded
+instead, and that tokenizer keeps loading with transformers (logged once per start).
 
 The other start-up checks pyfront runs on a tokenizer (the segment cache's equivalence test, the fast chat render's
 comparison with ``apply_chat_template``) are deterministic functions of the same inputs, so their verdicts are kept
