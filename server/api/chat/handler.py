@@ -28,6 +28,7 @@ async def chat_response(state: ServingState, config: ServerConfig, raw: bytes, h
     body = await decode_body(
         functools.partial(decode_chat_request, allow_request_chat_template=state.allow_request_chat_template),
         raw,
+        state.render_pool,
     )
     model = state.check_model(body.model)
     state.require_engine()

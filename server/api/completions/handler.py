@@ -23,7 +23,7 @@ async def completion_response(
     state: ServingState, config: ServerConfig, raw: bytes, headers: RequestHeaders
 ) -> Response:
     """POST /v1/completions: parse -> tokenize each prompt -> engine -> a JSON or SSE response."""
-    body = await decode_body(decode_completion_request, raw)
+    body = await decode_body(decode_completion_request, raw, state.render_pool)
     model = state.check_model(body.model)
     state.require_engine()
     deadline = state.deadline(headers.timeout)

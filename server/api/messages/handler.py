@@ -44,7 +44,7 @@ def _chat_request(state: ServingState, raw: bytes, *, count_tokens: bool) -> Cha
 
 async def messages_response(state: ServingState, config: ServerConfig, raw: bytes, headers: RequestHeaders) -> Response:
     """POST /v1/messages: parse -> render/tokenize -> engine -> a Message, or its SSE events."""
-    chat = await decode_body(lambda data: _chat_request(state, data, count_tokens=False), raw)
+    chat = await decode_body(lambda data: _chat_request(state, data, count_tokens=False), raw, state.render_pool)
     model = state.check_model(chat.model)
     state.require_engine()
     deadline = state.deadline(headers.timeout)
@@ -87,7 +87,7 @@ async def count_tokens_response(
     state: ServingState, config: ServerConfig, raw: bytes, headers: RequestHeaders
 ) -> Response:
     """POST /v1/messages/count_tokens: the prompt's length as /v1/messages would render it (no engine needed)."""
-    chat = await decode_body(lambda data: _chat_request(state, data, count_tokens=True), raw)
+    chat = await decode_body(lambda data: _chat_request(state, data, count_tokens=True), raw, state.render_pool)
     state.check_model(chat.model)
     _, ids, _ = await render_chat(state, chat)
     count = len(ids)

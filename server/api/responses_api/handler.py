@@ -57,7 +57,7 @@ async def responses_response(
     store: ResponseStore, state: ServingState, config: ServerConfig, raw: bytes, headers: RequestHeaders
 ) -> Response:
     """POST /v1/responses: parse -> history -> render/tokenize -> engine -> a JSON response or its events."""
-    body = await decode_body(decode_responses_request, raw)
+    body = await decode_body(decode_responses_request, raw, state.render_pool)
     model = state.check_model(body.model)
     if body.background and not store.enabled:
         raise APIError(400, _BACKGROUND_WITHOUT_STORE, param="background")
