@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -208,6 +209,29 @@ def _overridden(hf: Any) -> str | None:
         if getattr(type(hf), name, None) is not getattr(TokenizersBackend, name, None):
             return f"{type(hf).__name__} overrides {name}"
     return None
+
+
+def compact_backend_json(backend_json: str) -> str:
+    """``backend_json`` with a BPE model's merges written as ``"a b"`` strings instead of ``["a", "b"]`` pairs.
+
+    Why: ``tokenizers`` serializes merges as pairs, and parsing 151k two-element arrays leaves ~3 MB more of the heap
+    fragmented for good than the ``"a b"`` form tokenizer.json files ship with (Qwen's: 44.3 against 41.1 MB after
+    the load, measured with malloc_trim). The string form is ambiguous only when a merge's part holds a space, so
+    such a model is left as it is. The caller proves the result by loading it and comparing its serialization with
+    ``backend_json`` (:func:`verify` does); this function only rewrites.
+    """
+    config = json.loads(backend_json)
+    model = config.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        return backend_json
+    merges = model.get("merges")
+    if not isinstance(merges, list) or not all(
+        isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) and p and " " not in p for p in m)
+        for m in merges
+    ):
+        return backend_json
+    model["merges"] = [f"{a} {b}" for a, b in merges]
+    return json.dumps(config, ensure_ascii=False)
 
 
 def verify(hf: Any, lean: LeanTokenizer, texts: Sequence[str], *, samples: int = 200, seed: int = 0) -> str | None:

@@ -300,7 +300,10 @@ class SegmentTokenizer:
         self._lock = threading.Lock()
         self._cache: OrderedDict[Any, list[int]] = OrderedDict()
         self._counters = dict.fromkeys(SegmentCacheStats.__dataclass_fields__, 0)
-        self._ints: list[int] = []
+        # Each id's int object, shared by every cached entry that holds it: a cached id then costs a pointer,
+        # not a 28-byte int. Filled as ids are seen (a full ``list(range(vocab))`` would hold 5.4 MB of Qwen's ints
+        # at idle); bounded by the vocabulary.
+        self._ints: dict[int, int] = {}
         self._split_tokens: dict[str, _SplitToken] = {}
         self._added_contents: list[str] = []
         self._pattern: re.Pattern[str] | None = None
@@ -522,8 +525,6 @@ class SegmentTokenizer:
                     component["prepend_scheme"] = "never"
             rest = self._private_copy(json.dumps(config_never), RustTokenizer)
 
-        vocab_size = max([backend.get_vocab_size(with_added_tokens=True), *(t.id + 1 for t in split_tokens.values())])
-        self._ints = list(range(vocab_size))
         self._split_tokens = split_tokens
         self._added_contents = added_contents
         self._pattern = re.compile("(" + _trie_regex(split_tokens) + ")") if split_tokens else None
@@ -776,10 +777,8 @@ class SegmentTokenizer:
             out = {
                 word: encoding.ids for word, encoding in zip(words, self._batch(self._rest_backend, words), strict=True)
             }
-        try:  # share the int objects with the segment cache
-            return {word: list(map(ints.__getitem__, ids)) for word, ids in out.items()}
-        except IndexError:
-            return out
+        intern = ints.setdefault  # share the int objects with the segment cache
+        return {word: list(map(intern, ids, ids)) for word, ids in out.items()}
 
     def _encode_misses(self, misses: dict[Any, list[int]]) -> None:
         first = [key for key in misses if isinstance(key, tuple)]
@@ -801,12 +800,10 @@ class SegmentTokenizer:
             if not keys:
                 continue
             encodings = self._batch(backend, texts)
+            intern = ints.setdefault
             for key, encoding in zip(keys, encodings, strict=True):
                 ids = encoding.ids
-                try:  # share the int objects: a cached id then costs a pointer, not a 28-byte int
-                    misses[key] = list(map(ints.__getitem__, ids))
-                except IndexError:
-                    misses[key] = ids
+                misses[key] = list(map(intern, ids, ids))
 
     @staticmethod
     def _batch(backend: Any, texts: list[str]) -> Sequence[Any]:

@@ -17,7 +17,15 @@ from typing import Any, Protocol, cast
 
 from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
 from pyfront.server.text.chat_template import ChatRender, NotVerified
-from pyfront.server.text.lean import SNAPSHOT_FORMAT, LeanTokenizer, SnapshotStore, Verdict, facts_of, verify
+from pyfront.server.text.lean import (
+    SNAPSHOT_FORMAT,
+    LeanTokenizer,
+    SnapshotStore,
+    Verdict,
+    compact_backend_json,
+    facts_of,
+    verify,
+)
 from pyfront.server.text.segment_cache import PromptTokens, SegmentTokenizer, sample_texts
 
 logger = logging.getLogger(__name__)
@@ -289,7 +297,8 @@ class Tokenizer:
             if self.fast_chat_reason is not None:
                 refused = f"the fast chat render is off: {self.fast_chat_reason}"
             else:
-                backend_json = hf.backend_tokenizer.to_str()
+                # The snapshot holds the compact form; verify() proves it loads back to this backend's JSON.
+                backend_json = compact_backend_json(hf.backend_tokenizer.to_str())
                 facts = facts_of(hf, self.segments.reason, self.segments.word_reason, self.fast_chat_reason)
                 lean = LeanTokenizer(RustTokenizer.from_str(backend_json), facts)
                 texts = sample_texts(list(lean.get_added_vocab()), samples=200, seed=0)
