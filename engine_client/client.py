@@ -111,6 +111,14 @@ class DuplicateRequestError(ValueError):
     """The request id is already in flight (sending it would kill the engine)."""
 
 
+_send_now = zmq.backend.Socket.send
+"""The Cython send under pyzmq's ``Socket.send``, called frame by frame with int flags. ``send_multipart`` took
+4.0 us for an ADD's three frames against 1.1 us this way (an ``IntFlag.__or__`` per frame, buffer checks, the
+sugar's routing_id/group branches); the bytes on the wire are the same."""
+_MORE_NOW = int(zmq.SNDMORE | zmq.NOBLOCK)
+_NOW = int(zmq.NOBLOCK)
+
+
 @dataclass(slots=True)
 class EngineClientConfig:
     data_parallel_address: str = "127.0.0.1"
@@ -698,10 +706,14 @@ class EngineClient:
             # Straight on the socket, not through zmq.asyncio's send (a future and poller work per
             # message): with SNDHWM 0 a ROUTER send never blocks, so NOBLOCK only ever fails with
             # EHOSTUNREACH (ROUTER_MANDATORY) for an engine that is gone.
-            assert self._input_now is not None
+            sock = self._input_now
+            assert sock is not None
             try:
-                self._input_now.send_multipart([engine.identity, *frames], zmq.NOBLOCK, copy=False)
-            except zmq.Again:  # not expected with SNDHWM 0; wait for room rather than fail
+                _send_now(sock, engine.identity, _MORE_NOW, False)
+                last = len(frames) - 1
+                for i, frame in enumerate(frames):
+                    _send_now(sock, frame, _NOW if i == last else _MORE_NOW, False)
+            except zmq.Again:  # not expected with SNDHWM 0 (and only on the first frame): wait for room
                 await self._input.send_multipart([engine.identity, *frames], copy=False)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:

@@ -50,15 +50,48 @@ def _check_float(name: str, value: object, low: float, high: float, *, low_open:
         raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value}")
 
 
+_FLOAT_RANGES = (
+    ("presence_penalty", -2.0, 2.0, False),
+    ("frequency_penalty", -2.0, 2.0, False),
+    ("repetition_penalty", 0.0, math.inf, True),
+    ("temperature", 0.0, 2.0, False),
+    ("top_p", 0.0, 1.0, True),
+    ("min_p", 0.0, 1.0, False),
+)
+"""(field, low, high, low end open) of the float fields; the high end is closed, and a value must be finite."""
+
+
+def _floats_plainly_valid(sp: SamplingParams) -> bool:
+    """True when every float field is a ``float`` inside its range: the common case, in one expression.
+
+    Every comparison here is one :func:`_check_float` makes, and a NaN or an infinity fails one of them (the one
+    unbounded range is written open at both ends), so True implies every check passes. False only means the full
+    checks run, one field at a time, and name the field that fails.
+    """
+    presence, frequency, repetition = sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty
+    temperature, top_p, min_p = sp.temperature, sp.top_p, sp.min_p
+    return (
+        type(presence) is float
+        and type(frequency) is float
+        and type(repetition) is float
+        and type(temperature) is float
+        and type(top_p) is float
+        and type(min_p) is float
+        and -2.0 <= presence <= 2.0
+        and -2.0 <= frequency <= 2.0
+        and 0.0 < repetition < math.inf
+        and 0.0 <= temperature <= 2.0
+        and 0.0 < top_p <= 1.0
+        and 0.0 <= min_p <= 1.0
+    )
+
+
 def validate_sampling_params(sp: SamplingParams) -> None:
     if sp.n != 1:
         raise ValueError("n must be 1 on the wire (the front end fans n > 1 out into child requests)")
-    _check_float("presence_penalty", sp.presence_penalty, -2.0, 2.0)
-    _check_float("frequency_penalty", sp.frequency_penalty, -2.0, 2.0)
-    _check_float("repetition_penalty", sp.repetition_penalty, 0.0, math.inf, low_open=True)
-    _check_float("temperature", sp.temperature, 0.0, 2.0)
-    _check_float("top_p", sp.top_p, 0.0, 1.0, low_open=True)
-    _check_float("min_p", sp.min_p, 0.0, 1.0)
+    if not _floats_plainly_valid(sp):
+        for name, low, high, low_open in _FLOAT_RANGES:
+            _check_float(name, getattr(sp, name), low, high, low_open=low_open)
     if not _is_int(sp.top_k) or (sp.top_k < 1 and sp.top_k not in (0, -1)):
         raise ValueError(f"top_k must be 0, -1 (off) or at least 1, got {sp.top_k!r}")
     if not _is_int(sp.max_tokens) or not 1 <= sp.max_tokens <= _INT64_MAX:

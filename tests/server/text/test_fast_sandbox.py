@@ -115,8 +115,9 @@ def test_a_builtin_raising_stop_iteration_renders_undefined_as_in_the_sandbox() 
 
 
 def test_builtin_methods_skip_the_sandbox_call_and_others_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The shortcut is taken for built-in methods only: a Python function still goes through the sandbox's call
-    (where is_safe_callable and pass_context are honoured)."""
+    """The shortcut is taken for built-in methods and the environment's ``namespace`` and ``dict`` only: a Python
+    function (or ``dict.fromkeys``, a bound method) still goes through the sandbox's call (where is_safe_callable and
+    pass_context are honoured)."""
     from jinja2.sandbox import SandboxedEnvironment
 
     seen: list[Any] = []
@@ -131,6 +132,9 @@ def test_builtin_methods_skip_the_sandbox_call_and_others_do_not(monkeypatch: py
     def helper(value: str) -> str:
         return value * 2
 
-    template = fast().template("{{ messages[0].content.strip().upper() }}{{ helper('ab') }}")
-    assert template.render(messages=MESSAGES, helper=helper) == "BE BRIEF.abab"
-    assert seen == [helper]
+    template = fast().template(
+        "{{ messages[0].content.strip().upper() }}{{ helper('ab') }}{% set ns = namespace(a=1) %}{{ ns.a }}"
+        "{{ dict(b=2).b }}{{ dict.fromkeys('c', 3).c }}"
+    )
+    assert template.render(messages=MESSAGES, helper=helper) == "BE BRIEF.abab123"
+    assert [getattr(obj, "__name__", None) for obj in seen] == ["helper", "fromkeys"]

@@ -333,7 +333,8 @@ def test_the_snapshot_holds_compact_merges_that_load_back_to_the_same_backend(na
 
 
 def test_merges_with_a_space_are_left_as_pairs() -> None:
-    """Merges as "a b" strings would be ambiguous when a part holds a space (a Metaspace-free BPE may have such tokens)."""
+    """Merges as "a b" strings would be ambiguous when a part holds a space (a BPE without byte-level or
+    Metaspace pre-tokenization may have such tokens)."""
     config = {"model": {"type": "BPE", "vocab": {}, "merges": [["a b", "c"], ["d", "e"]]}}
     text = json.dumps(config)
     assert compact_backend_json(text) == text
