@@ -39,10 +39,11 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 
 
 class _LoopHistogram(Collector):
-    """A histogram observed once per engine output, counted in plain ints and exposed at scrape time.
+    """A histogram observed on the event loop (per engine output, per request), counted in plain ints and exposed at
+    scrape time.
 
-    prometheus_client's Histogram takes a lock and walks its buckets on every observe (about 1 us,
-    5% of the front end's CPU per streamed token). Observations here come from the event loop only,
+    prometheus_client's Histogram takes a lock and walks its buckets on every observe (0.76 against 0.16 us here;
+    for the ITL, 5% of the front end's CPU per streamed token). Observations here come from the event loop only,
     so a bisect and two additions suffice. Single process only: with PROMETHEUS_MULTIPROC_DIR the
     shared-memory Histogram is used instead, so the processes add up.
     """
@@ -221,22 +222,24 @@ class Metrics:
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", labels, registry=r).labels(model_name)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens", labels,
                                          registry=r).labels(model_name)  # fmt: skip
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", labels,
-                              buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)  # fmt: skip
-        itl_doc = "Time between engine outputs of a request"
-        self.itl: Histogram | _LoopHistogram
-        if multiproc:
-            self.itl = Histogram("vllm:inter_token_latency_seconds", itl_doc, labels, buckets=_ITL_BUCKETS,
-                                 registry=r).labels(model_name)  # fmt: skip
-        else:
-            self.itl = _LoopHistogram("vllm:inter_token_latency_seconds", itl_doc, _ITL_BUCKETS, model_name)
-            r.register(self.itl)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to finish", labels,
-                             buckets=_E2E_BUCKETS, registry=r).labels(model_name)  # fmt: skip
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram | _LoopHistogram:
+            """Observed on the event loop: counted in plain ints in one process, shared memory across several."""
+            if multiproc:
+                return Histogram(name, documentation, labels, buckets=buckets, registry=r).labels(model_name)
+            loop_histogram = _LoopHistogram(name, documentation, buckets, model_name)
+            r.register(loop_histogram)
+            return loop_histogram
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between engine outputs of a request",
+                             _ITL_BUCKETS)  # fmt: skip
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to finish", _E2E_BUCKETS)
         self.request_errors = Counter("pyfront:request_errors", "Requests answered with an error, by status",
                                       [*labels, "status"], registry=r)  # fmt: skip
         self.feh_requests = Counter("pyfront:feh_requests", "Requests sent with or without front-end block hashes",
                                     [*labels, "hashed"], registry=r)  # fmt: skip
+        self._feh_by_hashed: dict[bool, Any] = {}
         self.rejected = Counter(
             "pyfront:requests_rejected", "Requests refused before reaching an engine, by reason",
             [*labels, "reason"], registry=r,
@@ -279,6 +282,13 @@ class Metrics:
         child = self._success_by_reason.get(reason)
         if child is None:  # a closed set (vLLM's finish reasons): labels() once per reason, not per request
             child = self._success_by_reason[reason] = self.success.labels(self.model_name, reason)
+        child.inc()
+
+    def sent(self, hashed: bool) -> None:
+        """An engine request left, with front-end block hashes or without."""
+        child = self._feh_by_hashed.get(hashed)
+        if child is None:  # labels() once per value (1.3 us a call), and only once it occurs, as before
+            child = self._feh_by_hashed[hashed] = self.feh_requests.labels(self.model_name, str(hashed).lower())
         child.inc()
 
     def error(self, status: int) -> None:

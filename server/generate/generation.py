@@ -176,7 +176,7 @@ class Generation:
                 )
                 choice.stream = await engine.add_request(request, prompt_block_hashes=hashes, trusted=True)
                 hashed = choice.stream is not None and request.prompt_block_hashes is not None
-                self.state.metrics.feh_requests.labels(self.state.metrics.model_name, str(hashed).lower()).inc()
+                self.state.metrics.sent(hashed)
         except BaseException:
             await self.abort()
             raise
