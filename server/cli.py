@@ -17,10 +17,11 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from pyfront.engine_client.kv_events import parse_config_flag
 from pyfront.engine_client.routing import ROUTING_POLICIES
-from pyfront.server.config import ROUTING_DEFAULTS, ServerConfig, resolve_api_keys, tokenizer_problem
+from pyfront.server.config import ServerConfig, resolve_api_keys, tokenizer_problem
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME, QWEN3, bundled_spec
 
 # `vllm serve` flags that configure the engine, not the front end (vLLM's EngineArgs), with vLLM's short
@@ -101,6 +102,16 @@ def generation_config_source(value: str) -> str:
     return value
 
 
+_DEFAULTS = ServerConfig()
+"""Every setting's default, ServerConfig's (the one definition, also behind PYFRONT_* and `create_app()`)."""
+
+
+def _default(name: str) -> Any:
+    """The default of the flag for setting ``name``: its ServerConfig field's (a list copied: argparse keeps it)."""
+    value = getattr(_DEFAULTS, name)
+    return list(value) if isinstance(value, list) else value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyfront", description="OpenAI-compatible front end for vLLM engines")
     parser.add_argument("--version", action="version", version=f"pyfront {version('pyfront')}")
@@ -115,19 +126,26 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.set_defaults(serve_parser=serve)
-    serve.add_argument("model", nargs="?", default=BUNDLED_TOKENIZER_NAME, help="model or tokenizer directory")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    serve.add_argument("--port", type=port, default=8000, help="HTTP port (0: a free port, shown in the banner)")
-    serve.add_argument("--uds", default=None, help="serve on this unix socket instead of --host/--port")
+    serve.add_argument("model", nargs="?", default=_default("model"), help="model or tokenizer directory")
+    serve.add_argument("--host", default=_default("host"), help="address to listen on (0.0.0.0: every interface)")
     serve.add_argument(
-        "--api-key", action="append", default=[], help="required bearer key (repeatable; default: $VLLM_API_KEY if set)"
+        "--port", type=port, default=_default("port"), help="HTTP port (0: a free port, shown in the banner)"
     )
-    serve.add_argument("--served-model-name", nargs="+", default=[], help="model names the API answers to")
-    serve.add_argument("--tokenizer", default=None, help="tokenizer directory, if not MODEL")
-    serve.add_argument("--chat-template", default=None, help="chat template file or inline Jinja")
+    serve.add_argument("--uds", default=_default("uds"), help="serve on this unix socket instead of --host/--port")
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=_default("api_key"),
+        help="required bearer key (repeatable; default: $VLLM_API_KEY if set)",
+    )
+    serve.add_argument(
+        "--served-model-name", nargs="+", default=_default("served_model_name"), help="model names the API answers to"
+    )
+    serve.add_argument("--tokenizer", default=_default("tokenizer"), help="tokenizer directory, if not MODEL")
+    serve.add_argument("--chat-template", default=_default("chat_template"), help="chat template file or inline Jinja")
     serve.add_argument(
         "--tokenizer-snapshot-dir",
-        default=None,
+        default=_default("tokenizer_snapshot_dir"),
         help="where tokenizer snapshots are kept: the first start on a tokenizer checks and writes one, later starts "
         "load it without transformers (default: $PYFRONT_CACHE_DIR/tokenizer-snapshots, ~/.cache/pyfront/...)",
     )
@@ -139,26 +157,43 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--generation-config",
         type=generation_config_source,
-        default="auto",
+        default=_default("generation_config"),
         help="request defaults: 'auto' (the model's generation_config.json), 'vllm' (none), or a directory "
         "holding a generation_config.json",
     )
     serve.add_argument(
         "--trust-request-chat-template",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("trust_request_chat_template"),
         help="allow requests to pass their own chat_template",
     )
-    serve.add_argument("--max-model-len", type=positive_int, default=None, help="cap below the engines' max_model_len")
-    serve.add_argument("--data-parallel-address", "-dpa", default="127.0.0.1", help="address the engines connect to")
+    serve.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=_default("max_model_len"),
+        help="cap below the engines' max_model_len",
+    )
+    serve.add_argument(
+        "--data-parallel-address",
+        "-dpa",
+        default=_default("data_parallel_address"),
+        help="address the engines connect to",
+    )
     serve.add_argument(
         "--data-parallel-rpc-port",
         "-dpp",
         type=_bounded(int, 1, 65535),
         default=None,
-        help="handshake port the engines connect to (default 62100; a free port with --mock-engine)",
+        help=f"handshake port the engines connect to (default {_DEFAULTS.data_parallel_rpc_port}; a free port with "
+        "--mock-engine)",
     )
-    serve.add_argument("--data-parallel-size", "-dp", type=positive_int, default=1, help="number of engines (DP ranks)")
+    serve.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=positive_int,
+        default=_default("data_parallel_size"),
+        help="number of engines (DP ranks)",
+    )
     serve.add_argument(
         "--data-parallel-size-local",
         "-dpl",
@@ -168,58 +203,66 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--uvicorn-log-level",
-        default="info",
+        default=_default("uvicorn_log_level"),
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="uvicorn's log level",
     )
-    serve.add_argument("--allowed-origins", nargs="+", default=[], help="CORS origins (CORS is off without this)")
     serve.add_argument(
-        "--max-request-body-bytes", type=positive_int, default=32 * 1024 * 1024, help="larger request bodies get 413"
+        "--allowed-origins",
+        nargs="+",
+        default=_default("allowed_origins"),
+        help="CORS origins (CORS is off without this)",
+    )
+    serve.add_argument(
+        "--max-request-body-bytes",
+        type=positive_int,
+        default=_default("max_request_body_bytes"),
+        help="larger request bodies get 413",
     )
     serve.add_argument(
         "--max-header-bytes",
         "--h11-max-incomplete-event-size",
         type=positive_int,
-        default=64 * 1024,
+        default=_default("max_header_bytes"),
         help="a request line plus headers longer than this gets 431 (vLLM's h11 name is an alias)",
     )
     serve.add_argument(
         "--max-header-count",
         "--h11-max-header-count",
         type=positive_int,
-        default=256,
+        default=_default("max_header_count"),
         help="a request with more headers gets 431 (vLLM's h11 name is an alias)",
     )
     serve.add_argument(
         "--request-read-timeout",
         type=non_negative_seconds,
-        default=60.0,
+        default=_default("request_read_timeout"),
         help="seconds for a whole request (headers and body) to arrive, else 408 and the connection closed (0: none)",
     )
     serve.add_argument(
         "--engine-startup-timeout",
         type=positive_seconds,
-        default=600.0,
+        default=_default("engine_startup_timeout"),
         help="seconds to wait for every engine's handshake",
     )
     serve.add_argument(
         "--engine-ping-interval",
         type=positive_seconds,
-        default=2.0,
+        default=_default("engine_ping_interval"),
         help="an engine that sent nothing for this long is pinged (a stall is found within about twice this "
         "plus --engine-stall-timeout)",
     )
     serve.add_argument(
         "--engine-stall-timeout",
         type=positive_seconds,
-        default=30.0,
+        default=_default("engine_stall_timeout"),
         help="an engine silent this long (and not answering pings) is taken out of service",
     )
     routing = serve.add_argument_group("data-parallel routing (engine_client/routing.py)")
     routing.add_argument(
         "--routing",
         choices=ROUTING_POLICIES,
-        default="cache",
+        default=_default("routing"),
         help="cache: to the engine that holds the longest prefix of the prompt (from the engines' KV events, "
         "else approximate from where pyfront sent each prompt), within the imbalance cap; load: load alone, "
         "as vLLM's front end",
@@ -227,155 +270,163 @@ def build_parser() -> argparse.ArgumentParser:
     routing.add_argument(
         "--routing-load-weight",
         type=non_negative_float,
-        default=ROUTING_DEFAULTS.load_weight,
+        default=_default("routing_load_weight"),
         help="prompt tokens one unit of an engine's DP load score (in-flight, waiting + running) is worth",
     )
     routing.add_argument(
         "--routing-max-imbalance",
         type=at_least_one,
-        default=ROUTING_DEFAULTS.max_imbalance,
+        default=_default("routing_max_imbalance"),
         help="an engine competes only while its load is at most this times the least loaded one's "
         "(or the slack above it)",
     )
     routing.add_argument(
         "--routing-imbalance-slack",
         type=non_negative_float,
-        default=ROUTING_DEFAULTS.imbalance_slack,
+        default=_default("routing_imbalance_slack"),
         help="... or at most this much above the least loaded one's load",
     )
     routing.add_argument(
         "--routing-index-max-blocks",
         type=positive_int,
-        default=ROUTING_DEFAULTS.index_max_blocks,
+        default=_default("routing_index_max_blocks"),
         help="blocks remembered per engine in the prefix index (~76 bytes each, ~220 with pyfront's own "
         "chains; the oldest go first)",
     )
     routing.add_argument(
         "--kv-events-config",
         type=kv_events_config,
-        default=None,
+        default=_default("kv_events_config"),
         help="the --kv-events-config JSON the engines were started with (ports are offset per DP rank as vLLM "
         "does); default: the endpoints each engine reports when it registers",
     )
     routing.add_argument(
         "--kv-events-hosts",
         type=lambda value: [h for h in value.split(",") if h],
-        default=[],
+        default=_default("kv_events_hosts"),
         help="host of the engines that publish KV events on a wildcard endpoint (tcp://*:PORT): one, or one per "
         "rank, comma-separated (default 127.0.0.1)",
     )
     routing.add_argument(
         "--kv-events-silence-timeout",
         type=positive_seconds,
-        default=ROUTING_DEFAULTS.silence_timeout_s,
+        default=_default("kv_events_silence_timeout"),
         help="an engine that stored new blocks but published no KV event for this long is routed approximately "
         "until its events resume",
     )
     serve.add_argument(
         "--disable-uvicorn-access-log",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("disable_uvicorn_access_log"),
         help="no access-log line per request (saves CPU)",
     )
     serve.add_argument(
         "--enable-log-requests",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("enable_log_requests"),
         help="log one line per admitted completion request (id, route, prompt tokens, parameters)",
     )
     serve.add_argument(
         "--enable-request-id-headers",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("enable_request_id_headers"),
         help="add an X-Request-Id header to every response (the request's own, or a new one)",
     )
     serve.add_argument(
         "--enable-prompt-tokens-details",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("enable_prompt_tokens_details"),
         help="usage.prompt_tokens_details.cached_tokens in responses",
     )
     serve.add_argument(
         "--enable-responses-store",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("enable_responses_store"),
         help="keep /v1/responses answers for previous_response_id and GET (or VLLM_ENABLE_RESPONSES_API_STORE=1)",
     )
     serve.add_argument(
         "--responses-store-max-responses",
         type=positive_int,
-        default=1000,
+        default=_default("responses_store_max_responses"),
         help="stored responses at most (least recently used evicted first)",
     )
     serve.add_argument(
         "--responses-store-max-bytes",
         type=positive_int,
-        default=256 * 1024 * 1024,
+        default=_default("responses_store_max_bytes"),
         help="bytes of stored responses at most (least recently used evicted first)",
     )
     serve.add_argument(
         "--disable-fastapi-docs",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("disable_fastapi_docs"),
         help="no /docs, /redoc or /openapi.json",
     )
     serve.add_argument(
-        "--root-path", default="", help="path prefix of a proxy in front of the server (FastAPI root_path)"
+        "--root-path",
+        default=_default("root_path"),
+        help="path prefix of a proxy in front of the server (FastAPI root_path)",
     )
-    serve.add_argument("--ssl-keyfile", default=None, help="TLS private key file (with --ssl-certfile)")
-    serve.add_argument("--ssl-certfile", default=None, help="TLS certificate file: serve HTTPS")
     serve.add_argument(
-        "--ssl-ca-certs", default=None, help="CA certificates that client certificates are checked against"
+        "--ssl-keyfile", default=_default("ssl_keyfile"), help="TLS private key file (with --ssl-certfile)"
+    )
+    serve.add_argument("--ssl-certfile", default=_default("ssl_certfile"), help="TLS certificate file: serve HTTPS")
+    serve.add_argument(
+        "--ssl-ca-certs",
+        default=_default("ssl_ca_certs"),
+        help="CA certificates that client certificates are checked against",
     )
     serve.add_argument(
         "--ssl-cert-reqs",
         type=int,
-        default=int(ssl.CERT_NONE),
+        default=_default("ssl_cert_reqs"),
         choices=[int(r) for r in ssl.VerifyMode],
         help="client certificates: 0 not asked, 1 optional, 2 required (Python's ssl.CERT_*)",
     )
     serve.add_argument(
         "--tool-call-parser",
-        default=None,
+        default=_default("tool_call_parser"),
         help="tool call parser (e.g. hermes, qwen3_coder), or auto: the format the chat template writes "
         "(an unknown name lists the known ones)",
     )
     serve.add_argument(
         "--enable-auto-tool-choice",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=_default("enable_auto_tool_choice"),
         help="parse tool calls for tool_choice auto",
     )
-    serve.add_argument("--reasoning-parser", default=None, help="reasoning parser (known: qwen3)")
+    serve.add_argument(
+        "--reasoning-parser", default=_default("reasoning_parser"), help="reasoning parser (known: qwen3)"
+    )
     serve.add_argument(
         "--api-server-count",
         "-asc",
         type=positive_int,
-        default=1,
+        default=_default("api_server_count"),
         help="API server processes sharing the port, each its own engine client (needs an explicit --port)",
     )
     serve.add_argument(
         "--max-num-seqs-in-flight",
         type=non_negative_int,
-        default=4096,
+        default=_default("max_num_seqs_in_flight"),
         help="engine requests admitted at once; beyond it 503 + Retry-After (0: no limit)",
     )
     serve.add_argument(
         "--request-timeout",
         type=non_negative_seconds,
-        default=0.0,
+        default=_default("request_timeout"),
         help="seconds before a request is aborted with 504 (0: none; X-Request-Timeout asks less)",
     )
     serve.add_argument(
         "--sse-keep-alive-interval",
         type=non_negative_seconds,
-        default=15.0,
+        default=_default("sse_keep_alive_interval"),
         help="seconds of stream silence before an SSE keep-alive comment (0: off)",
     )
     serve.add_argument(
         "--shutdown-timeout",
         type=non_negative_seconds,
-        default=30.0,
+        default=_default("shutdown_timeout"),
         help="on SIGTERM/Ctrl-C, seconds for in-flight requests to finish before they are cut",
     )
     serve.add_argument("--metrics-require-api-key", action="store_true", help="guard /metrics with --api-key too")
@@ -457,7 +508,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.e
         raise SystemExit("pyfront: --uds serves one API server process: drop --api-server-count")
     rpc_port = args.data_parallel_rpc_port
     if rpc_port is None:
-        rpc_port = _free_port() if args.mock_engine else 62100
+        rpc_port = _free_port() if args.mock_engine else _DEFAULTS.data_parallel_rpc_port
     mock_args = args.mock_engine_args.split()
     if args.mock_engine and "--output-len" not in mock_args:
         mock_args += ["--output-len", "48"]  # a demo answer ends after a sentence or two

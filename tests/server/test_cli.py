@@ -547,3 +547,16 @@ def test_mock_engine_gets_a_bundled_non_qwen3_tokenizer() -> None:
     assert "--tokenizer" not in config_from_args(parse_args(["serve", "--mock-engine"])).mock_engine_args
     given = ["--mock-engine-args", "--word-ids 1,2", "--mock-engine", "--tokenizer", "pyfront/qwen3.6"]
     assert "--tokenizer" not in config_from_args(parse_args(["serve", *given])).mock_engine_args
+
+
+def test_the_flags_default_to_the_config_defaults() -> None:
+    """`pyfront serve` with no flags is `ServerConfig()`: the flags take their defaults from the config's fields
+    (the one definition), which the `uvicorn --factory` path (PYFRONT_* variables) uses too."""
+    assert config_from_args(parse_args(["serve"]), environ={}) == ServerConfig()
+
+
+def test_a_flag_default_is_a_fresh_copy_of_a_list() -> None:
+    """argparse keeps a flag's default object; a list default must not be the config's own."""
+    first = parse_args(["serve", "--api-key", "k"])
+    second = parse_args(["serve"])
+    assert first.api_key == ["k"] and second.api_key == [] and ServerConfig().api_key == []
