@@ -293,20 +293,51 @@ class Generation:
             return self._choice_batches(choices[0])
         return merge([self._choice_batches(c) for c in choices])
 
+    def _drain_timeout(self) -> float | None:
+        """How long the next wait for outputs may last: until a keep-alive tick or the deadline (None: no bound);
+        raises DeadlineExceeded once the deadline has passed."""
+        timeout, deadline = self.keepalive, self.deadline
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceeded("the request deadline passed before the engine finished")
+            timeout = remaining if timeout is None else min(timeout, remaining)
+        return timeout
+
+    async def fold(self) -> None:
+        """A non-streamed answer: fold every output into its choice until all choices are done.
+
+        One choice, the common case, reads its stream here, as :meth:`_choice_batches` would, without an async
+        generator per request (its creation, the event loop's asyncgen hooks and their WeakSet entry: ~1 % of a
+        short request's instructions); several choices merge their batches (:func:`fold_outputs`).
+        """
+        choices = [c for c in self.choices if c.stream is not None]
+        if len(choices) != 1:
+            await fold_outputs(self.batches())
+            return
+        choice = choices[0]
+        stream = choice.stream
+        assert stream is not None
+        while not choice.done:
+            try:
+                outputs = await stream.drain(self._drain_timeout())
+            except RequestAbortedError:
+                return  # aborted here (a stop string matched): nothing more to read
+            for output in outputs:
+                if choice.done:
+                    break
+                self.on_output(choice, output)
+            if any(o.finish_reason is not None for o in outputs):
+                return
+
     async def _choice_batches(self, choice: Choice) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
         """One choice's outputs until its final one; raises DeadlineExceeded at the deadline."""
         stream = choice.stream
         assert stream is not None
-        keepalive, deadline = self.keepalive, self.deadline
+        keepalive = self.keepalive
         while not choice.done:
-            timeout = keepalive
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise DeadlineExceeded("the request deadline passed before the engine finished")
-                timeout = remaining if timeout is None else min(timeout, remaining)
             try:
-                outputs = await stream.drain(timeout)
+                outputs = await stream.drain(self._drain_timeout())
             except RequestAbortedError:
                 return  # aborted here (a stop string matched): nothing more to read
             if outputs:

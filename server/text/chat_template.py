@@ -287,7 +287,11 @@ def alias_reasoning_fields(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
     read) filled from whichever name the message's reasoning came under."""
     aliased = []
     for message in chat:
-        reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
+        reasoning = None
+        for key in REASONING_FIELDS:  # the first one set (a loop, not a generator per message)
+            reasoning = message.get(key)
+            if reasoning is not None:
+                break
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         aliased.append(message)

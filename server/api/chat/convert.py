@@ -12,7 +12,6 @@ from pyfront.server.generate.generation import (
     Generation,
     LogprobRow,
     choice_rows,
-    fold_outputs,
     prompt_logprobs,
 )
 from pyfront.server.openai.types import (
@@ -44,7 +43,7 @@ async def chat_full(
     state: ServingState, request: ChatCompletionRequest, generation: Generation, response_id: str, model: str
 ) -> dict[str, Any]:
     try:
-        await fold_outputs(generation.batches())
+        await generation.fold()
     except BaseException:
         await generation.abort()
         raise

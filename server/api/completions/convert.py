@@ -142,12 +142,19 @@ class CompletionBatch:
             return self.generations[0].batches()
         return merge([g.batches() for g in self.generations])
 
+    async def fold(self) -> None:
+        """Non-streamed: every output folded into its choice (Generation.fold for one prompt)."""
+        if len(self.generations) == 1:
+            await self.generations[0].fold()
+        else:
+            await fold_outputs(self.batches())
+
 
 async def completion_full(
     state: ServingState, request: CompletionRequest, batch: CompletionBatch, response_id: str, model: str
 ) -> dict[str, Any]:
     try:
-        await fold_outputs(batch.batches())
+        await batch.fold()
     except BaseException:
         await batch.abort()
         raise

@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from pyfront.server.api.chat.convert import chat_message
-from pyfront.server.generate.generation import Generation, fold_outputs
+from pyfront.server.generate.generation import Generation
 
 
 def anthropic_stop_reason(
@@ -63,7 +63,7 @@ def thinking_signature() -> str:
 async def messages_full(generation: Generation, message_id: str, model: str) -> dict[str, Any]:
     """The non-streamed Message: waits for the last output (aborting the engine request if that fails)."""
     try:
-        await fold_outputs(generation.batches())
+        await generation.fold()
     except BaseException:
         await generation.abort()
         raise

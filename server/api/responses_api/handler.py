@@ -29,7 +29,7 @@ from pyfront.server.chat.plan import plan_output_parsing
 from pyfront.server.chat.render import render_turn
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import APIError, to_api_error
-from pyfront.server.generate.generation import Generation, fold_outputs, prepare
+from pyfront.server.generate.generation import Generation, prepare
 from pyfront.server.openai.decode import decode_responses_request
 from pyfront.server.openai.validate import check_responses_chat
 from pyfront.server.state import Admission, ServingState
@@ -137,7 +137,7 @@ async def responses_response(
             frames = ResponsesFrames(state, body, chat, generation, response_id, model, on_complete)
             return streamed_response(state, frames, [generation], response_headers, streamed.release)
         try:
-            await fold_outputs(generation.batches())
+            await generation.fold()
         except BaseException:
             await generation.abort()
             raise
@@ -167,7 +167,7 @@ async def _fold_in_background(
 ) -> None:
     """A background response that is not streamed: generate, then store the finished response."""
     try:
-        await fold_outputs(generation.batches())
+        await generation.fold()
         generation.finish_metrics()
         on_complete(answer())
     except asyncio.CancelledError:
