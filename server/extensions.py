@@ -11,7 +11,7 @@ from typing import TypedDict
 
 DISCONNECT = "pyfront.disconnect"
 """``{"when_disconnected": fn}``: ``fn(callback)`` has ``callback()`` called once, at once, if the client goes away
-before the response is complete; ``fn(None)`` stops it (server/http_cycle.py's ResponseCycle)."""
+before the response is complete; ``fn(None)`` stops it (server/http_cycle.py's DisconnectWatch)."""
 
 
 class Disconnect(TypedDict):

@@ -19,7 +19,7 @@ included. A short completion request is a few hundred microseconds of CPU, of wh
 - everything else, the checks, the errors and their words, the ``connection`` and ``transfer-encoding``
   handling, the access line and the body accounting, is uvicorn's own code path, restated.
 
-It also tells the application at once when the client goes away (:meth:`ResponseCycle.when_disconnected`, offered
+It also tells the application at once when the client goes away (:meth:`DisconnectWatch.when_disconnected`, offered
 in the scope's extensions: server/extensions.py), instead of only as the next ``receive`` message.
 
 The protocol (server/http_limits.py) gives every cycle this class before its task starts, when the installed
@@ -84,36 +84,55 @@ class DefaultHeaders:
         return self.encoded
 
 
+class DisconnectWatch:
+    """What the :data:`DISCONNECT` extension calls: ``when_disconnected(callback)`` has ``callback()`` called once, at
+    once, if the client goes away before the response is complete (None: stop).
+
+    What the fast lane needs of a non-streamed request: without it, it has a task wait for the ``http.disconnect``
+    message (server/api/lane.py), a task and two event-loop steps per request.
+
+    A separate object, not a method of the cycle: the extension lives in the cycle's scope, so a bound method of the
+    cycle there made every request a reference cycle (cycle -> scope -> extension -> method -> cycle). The cycle, its
+    scope and headers then waited for the garbage collector instead of going when the request ended, and every such
+    request brought the next collection closer.
+    """
+
+    __slots__ = ("callback", "gone")
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], object] | None = None
+        self.gone = False
+
+    def when_disconnected(self, callback: Callable[[], object] | None) -> None:
+        self.callback = callback
+        if callback is not None and self.gone:
+            self.client_gone()
+
+    def client_gone(self) -> None:
+        self.gone = True
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+
 class ResponseCycle(RequestResponseCycle):
     """uvicorn's ``RequestResponseCycle``; only ``send`` differs (see the module docstring). An instance is uvicorn's
-    own cycle given this class, with :meth:`adopt` setting the two attributes it adds."""
+    own cycle given this class, with :meth:`adopt` setting the attributes it adds."""
 
     _held_head: bytes | None
     _defaults: DefaultHeaders
-    _on_disconnect: Callable[[], object] | None
+    _watch: DisconnectWatch
 
     def adopt(self, defaults: DefaultHeaders) -> None:
         self._held_head = None
         self._defaults = defaults
-        self._on_disconnect = None
+        self._watch = watch = DisconnectWatch()
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-        extensions[DISCONNECT] = Disconnect(when_disconnected=self.when_disconnected)
-
-    def when_disconnected(self, callback: Callable[[], object] | None) -> None:
-        """Call ``callback`` once, at once, if the client goes away before the response is complete (None: stop).
-
-        What the fast lane needs of a non-streamed request: without it, it has a task wait for the
-        ``http.disconnect`` message (server/api/lane.py), a task and two event-loop steps per request.
-        """
-        self._on_disconnect = callback
-        if callback is not None and self.disconnected:
-            self.client_gone()
+        extensions[DISCONNECT] = Disconnect(when_disconnected=watch.when_disconnected)
 
     def client_gone(self) -> None:
         """The protocol's word that the client went away (``disconnected`` is set)."""
-        callback, self._on_disconnect = self._on_disconnect, None
-        if callback is not None:
-            callback()
+        self._watch.client_gone()
 
     async def send(self, message: Any) -> None:
         if self.flow.write_paused and not self.disconnected:

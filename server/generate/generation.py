@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -76,7 +77,13 @@ class Choice:
     """The last sampled ids, so a character split over streamed chunks shows as vLLM shows it."""
     text_offset: int = 0
     generation: Generation = field(kw_only=True)
-    """The Generation this choice belongs to (a completions request has one per prompt)."""
+    """The Generation this choice belongs to (a completions request has one per prompt), as a weak proxy.
+
+    Whatever holds a choice holds its Generation too (the handler, the frames object, CompletionBatch.generations),
+    so the proxy always resolves. A plain reference made every Generation a reference cycle (generation -> choices ->
+    choice -> generation): the whole request (its prompt ids, text streams, engine stream) then waited for the
+    garbage collector instead of going when the request ended, and every request brought the next collection
+    closer."""
     number: int = 0
     """The choice's index in the response: `index`, or for several completion prompts prompt * n + index."""
 
@@ -142,7 +149,8 @@ class Generation:
         internal = state.engine_ids(base_id)
         ids = [internal] if n == 1 else [f"{i}_{internal}" for i in range(n)]
         tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
-        self.choices = [Choice(i, rid, text_factory(tail), generation=self, number=i) for i, rid in enumerate(ids)]
+        owner = cast(Generation, weakref.proxy(self))  # see Choice.generation
+        self.choices = [Choice(i, rid, text_factory(tail), generation=owner, number=i) for i, rid in enumerate(ids)]
         self.arrival = time.time()
         self.started = time.monotonic()
         self.first_token_at: float | None = None

@@ -332,7 +332,6 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
         "_skip",
         "_step",
         "_stream",
-        "push",
     )
 
     def __init__(
@@ -361,9 +360,11 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
         # vLLM: spaces_between_special_tokens = skip_special_tokens or spaces_between_special_tokens
         if not (skip_special_tokens or spaces_between_special_tokens):
             self._added = factory.added_token_ids
-        # Bind the specialised hot path as an instance attribute (no per-call branching); mypy does not
-        # model a slot that shadows the class's method.
-        self.push = self._push_no_special_spaces if self._added else self._push_plain  # type: ignore[method-assign]
+        if self._added:
+            # The specialised hot path is the class's `push` (no per-call branching). Not an instance attribute
+            # holding a bound method of the instance: that made every detokenizer a reference cycle, freed only
+            # by the garbage collector.
+            self.__class__ = _SpacelessSpecialsDetokenizer
 
     def _push_plain(self, token_id: int) -> str:
         try:
@@ -377,6 +378,8 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
             self._pending.clear()
         self._last = token_id
         return text
+
+    push = _push_plain
 
     def _push_no_special_spaces(self, token_id: int) -> str:
         # vLLM FastIncrementalDetokenizer.decode_next with spaces_between_special_tokens=False:
@@ -423,6 +426,15 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
                 break
             common += 1
         return full[common:]
+
+
+class _SpacelessSpecialsDetokenizer(FastIncrementalDetokenizer):
+    """A FastIncrementalDetokenizer whose ``push`` emits an added token that follows another as its raw content
+    (``spaces_between_special_tokens=False`` with special tokens kept); chosen by its ``__init__``."""
+
+    __slots__ = ()
+
+    push = FastIncrementalDetokenizer._push_no_special_spaces
 
 
 class SlowIncrementalDetokenizer(IncrementalDetokenizer):

@@ -14,7 +14,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from pyfront.server.http_cycle import DefaultHeaders, ResponseCycle, unverified_reason
+from pyfront.server.http_cycle import DefaultHeaders, DisconnectWatch, ResponseCycle, unverified_reason
 from tests.harness import API_KEY, MODEL, running_harness
 
 DEFAULTS = [(b"date", b"Sun, 06 Dec 2026 19:00:00 GMT"), (b"server", b"uvicorn")]
@@ -218,13 +218,13 @@ def test_a_client_that_leaves_a_non_streamed_request_aborts_it(
     server): the engine request is aborted and nothing stays running; a request that completes leaves nothing behind
     (its callback unregistered: closing its connection afterwards aborts nothing)."""
     registered: list[object] = []
-    original = ResponseCycle.when_disconnected
+    original = DisconnectWatch.when_disconnected
 
-    def spy(self: ResponseCycle, callback: Any) -> None:
+    def spy(self: DisconnectWatch, callback: Any) -> None:
         registered.append(callback)
         original(self, callback)
 
-    monkeypatch.setattr(ResponseCycle, "when_disconnected", spy)
+    monkeypatch.setattr(DisconnectWatch, "when_disconnected", spy)
     slow = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": True}
     quick = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with running_harness(as_pyfront_serve=as_pyfront_serve, output_len=None, step_interval_s=0.01) as harness:
