@@ -82,7 +82,7 @@ class PromptHasher:
         rest = hash_chain(
             as_token_tuple(token_ids[kept * block_size :]), block_size, previous_blob[end - DIGEST_SIZE : end], None
         )
-        return previous_blob[:end] + b"".join(rest)
+        return b"".join([memoryview(previous_blob)[:end], *rest])  # one copy of the kept digests, not two
 
     async def hash_prompt(
         self, token_ids: Sequence[int], cache_salt: str | None = None, *, checked: bool = False

@@ -432,7 +432,11 @@ class SegmentTokenizer:
             tail = self._encode_segmented(text[start:], at_start=False, cuts=cuts)
         except Exception:
             return self.encode_prompt(text)
-        return PromptTokens(text, previous.ids[:kept] + tail, cuts, kept)
+        # One copy of the shared ids, then the tail appended in place: `previous.ids[:kept] + tail` copied the
+        # history twice, ~0.5 ms at 100k ids in a server, where every copy touches fresh pages.
+        ids = previous.ids[:kept]
+        ids += tail
+        return PromptTokens(text, ids, cuts, kept)
 
     @property
     def stats(self) -> SegmentCacheStats:
