@@ -13,7 +13,8 @@ as in a server that saw them), then times every stage of turn T, ``--repeats`` t
     tokenize (hits) the same with every segment cached
     sampling        sampling.build_sampling_params
     hash            PrefixMemo.chain, the memo as after turn T-1 (restored before every repeat)
-    tokenize (prev) SegmentTokenizer.encode_after from turn T-1's prompt (previous_response_id's path)
+    tokenize (prev) SegmentTokenizer.encode_after from turn T-1's prompt, the cache as after turn T-1 (restored
+                    before every repeat): the path of a re-sent chat (RecentPrompts) and of previous_response_id
     hash (prev)     PromptHasher.hash_prompt_after_sync from turn T-1's blob (previous_response_id's path)
     encode ADD      codec.encode_add of the EngineCoreRequest with its block hashes
     thread hop      one anyio.to_thread.run_sync round trip of a no-op, on an idle event loop
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in stages.items():
             if name == "hash":
                 restore(memo, state)
-            elif name == "tokenize":
+            elif name in ("tokenize", "tokenize (prev)"):
                 restore_segments(tok, seg_state)
             t0 = time.perf_counter()
             fn()
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if "hash (prev)" in medians:
         prev = total - medians["tokenize"] - medians["hash"] - medians["decode body"]
         prev += medians["tokenize (prev)"] + medians["hash (prev)"]
-        print(f"{'sum (prev)':<16}{prev:>10.3f}   (previous_response_id: (prev) rows, the body's decode left out)")
+        print(f"{'sum (prev)':<16}{prev:>10.3f}   (after a kept prompt: the (prev) rows, the body's decode left out)")
     if a.json:
         print(json.dumps({**results, "medians_ms": medians}))
     return 0
