@@ -21,6 +21,7 @@ import zmq
 
 from pyfront.engine_client import codec
 from pyfront.engine_client.client import (
+    INLINE_ENCODE_TOKENS,
     OUTPUT_BATCH_MESSAGES,
     DuplicateRequestError,
     EngineClient,
@@ -284,6 +285,35 @@ def test_feh_on_when_all_engines_agree(size, caplog) -> None:
     assert "prompts are hashed by pyfront" in caplog.text
     assert sum(s["hashes_used"] for s in stats) == 9  # 10 requests, one shorter than a block
     assert all(s["hashes_mismatched"] == 0 and s["hashes_missing"] == 0 for s in stats)
+
+
+def test_long_prompts_are_encoded_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ADD of more than INLINE_ENCODE_TOKENS ids is encoded on a worker thread (the encode grows with the
+    prompt), a shorter one on the event loop (a thread hop would cost more); both reach the engine whole, their
+    block hashes with them."""
+    port = free_port()
+    encoded_on: dict[str, int] = {}
+    original = codec.encode_add
+
+    def spy(request: EngineCoreRequest, *, block_hashes: bool) -> list:
+        encoded_on[request.request_id] = threading.get_ident()
+        return original(request, block_hashes=block_hashes)
+
+    monkeypatch.setattr(codec, "encode_add", spy)
+    lengths = {"short": 50, "bound": INLINE_ENCODE_TOKENS, "long": INLINE_ENCODE_TOKENS + 1}
+
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        async with client_for(port, 1, feh_enabled=True) as client:
+            for rid, length in lengths.items():
+                tokens, finish = await collect(await client.add_request(make_request(rid, prompt_len=length)))
+                assert len(tokens) == 5 and finish is not None
+            stats = await engine_stats(client)
+        assert stats[0]["hashes_used"] == 3 and stats[0]["hashes_mismatched"] == 0
+        assert [encoded_on[rid] == loop_thread for rid in lengths] == [True, True, False]
+
+    with mock_threads(port, [0], advertise_feh=True):
+        asyncio.run(main())
 
 
 @pytest.mark.parametrize(
