@@ -11,8 +11,8 @@ mock) for each load, ``--repeats`` times, and stop both process groups. Figures 
 - N concurrent streams of M tokens: front-end CPU-s (utime+stime of every process of its process group, reaped
   children included, from /proc/PID/stat) per 1k output tokens (usage.completion_tokens); TTFT p50.
 - one chat of T turns, each adding ~2k tokens of English prose: request written -> engine ADD (the mock's arrival
-  log, matched by the X-Request-Id every front end puts into the engine request id, else by order), at the last
-  turn and the median of the last 11 turns.
+  log: when the ADD's frames came off its socket, before its decode; matched by the X-Request-Id every front end
+  puts into the engine request id, else by order), at the last turn and the median of the last 11 turns.
 - one keep-alive connection, R sequential non-streamed requests with max_tokens 1: client latency p50 and front-end
   CPU per request.
 - C keep-alive connections (default 64) sending short non-streamed requests with max_tokens 1 one after the other,
