@@ -1,15 +1,17 @@
 """Instructions per request of pyfront's front end, counted by valgrind's callgrind: a figure this noisy machine
 cannot move.
 
-    python benchmarks/request_instructions.py [--src TREE ...] [--scenario rps|seq] [--requests 1000] [--rounds 3]
+    python benchmarks/request_instructions.py [--src TREE ...] [--scenario rps|seq|streams] [--requests 1000]
+        [--rounds 3]
 
 Wall-clock CPU figures on these shared 2-core VMs move by 10-30 % from run to run, as much as a round of
 optimisations; callgrind counts the instructions the process executes (all its threads, user space only), the same
 for the same code and load within ~0.2 %. Each `--src` (a checkout or a `git archive` of one; default this
 tree) is started as `pyfront serve` under `valgrind --tool=callgrind --instr-atstart=no` against a fresh mock
 engine, warmed up, then instrumented only while `loadgen.py SCENARIO` sends `--requests` short requests
-(`max_tokens` 1; `rps`: 16 connections), and the count is divided by the requests. The trees alternate, `--rounds`
-times. Printed: instructions per request per tree (median and min-max), and each tree's ratio to the first.
+(`max_tokens` 1; `rps`: 16 connections; `streams`: one burst of `--requests` streamed chats of 4 tokens each),
+and the count is divided by the requests. The trees alternate, `--rounds` times. Printed: instructions per
+request per tree (median and min-max), and each tree's ratio to the first.
 
 What it does not see: the kernel (system calls, context switches, the network stack) and waiting; a change that
 saves a system call or a wake-up shows in peers.py's CPU rows, not here. Needs valgrind (Debian's package).
@@ -75,13 +77,18 @@ def count(tree: Path, model: Path, scenario: str, requests: int, workdir: Path) 
                 raise SystemExit(f"pyfront from {tree} did not become healthy (log {log.name})")
             time.sleep(0.5)
         name = json.loads(urllib.request.urlopen(f"{url}/v1/models", timeout=30).read())["data"][0]["id"]
-        load = [sys.executable, str(LOADGEN), scenario, "--url", url, "--model", name, "--max-tokens", "1",
-                "--concurrency", "16"]  # fmt: skip
+        if scenario == "streams":  # one burst of streamed chats, 4 tokens each: admission and a few frames
+            load = [sys.executable, str(LOADGEN), "streams", "--url", url, "--model", name, "--max-tokens", "4"]
+            size = "--streams"
+        else:
+            load = [sys.executable, str(LOADGEN), scenario, "--url", url, "--model", name, "--max-tokens", "1",
+                    "--concurrency", "16"]  # fmt: skip
+            size = "--requests"
         subprocess.run([sys.executable, str(LOADGEN), "warmup", "--url", url, "--model", name], check=True,
                        capture_output=True, cwd=ROOT)  # fmt: skip
-        subprocess.run([*load, "--requests", "50"], check=True, capture_output=True, cwd=ROOT)
+        subprocess.run([*load, size, "50"], check=True, capture_output=True, cwd=ROOT)
         subprocess.run(["callgrind_control", "-i", "on", str(fe.pid)], check=True, capture_output=True)
-        subprocess.run([*load, "--requests", str(requests)], check=True, capture_output=True, cwd=ROOT)
+        subprocess.run([*load, size, str(requests)], check=True, capture_output=True, cwd=ROOT)
         subprocess.run(["callgrind_control", "-i", "off", str(fe.pid)], check=True, capture_output=True)
         subprocess.run(["callgrind_control", "-d", str(fe.pid)], check=True, capture_output=True)
     finally:
@@ -106,7 +113,7 @@ def count(tree: Path, model: Path, scenario: str, requests: int, workdir: Path) 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", action="append", type=Path, help="a tree to measure (repeatable; default this checkout)")
-    p.add_argument("--scenario", choices=("rps", "seq"), default="rps")
+    p.add_argument("--scenario", choices=("rps", "seq", "streams"), default="rps")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model-dir", type=Path, default=None, help="default ~/.cache/pyfront/tiny-qwen3")
