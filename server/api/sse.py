@@ -2,9 +2,11 @@
 
 Starlette's StreamingResponse only notices a disconnect when a write fails (ASGI spec 2.4), so a
 client that leaves during a long prefill would keep its engine request running. This response
-listens for `http.disconnect` beside the stream and cancels it; the stream's own `finally` then
-aborts the engine request. It uses one plain asyncio task for that, not a task group: it runs for
-every streamed request.
+cancels the stream when the client goes away; the stream's own `finally` then aborts the engine
+request. Under `pyfront serve` the server calls back when the connection is lost (the scope extension
+of server/extensions.py, as the fast lane's non-streamed requests use it): no task per stream. Under
+any other server one plain asyncio task waits for the `http.disconnect` message beside the stream
+(not a task group: it runs for every streamed request).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from pyfront.server.errors import sse_error_frame
+from pyfront.server.extensions import DISCONNECT, Disconnect
 
 if TYPE_CHECKING:
     from pyfront.engine_client.protocol import EngineCoreOutput
@@ -121,19 +124,26 @@ class SSEResponse(Response):
         streaming = True
         disconnected = False
 
-        async def watch_disconnect() -> None:
+        def leave() -> None:
             # Cancelling the task is safe only while it is inside the streaming loop below: the flag is
             # read and the cancel requested on the event loop, where the task is suspended at an await.
             nonlocal disconnected
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    disconnected = True
-                    if streaming:
-                        task.cancel()
-                    return
+            disconnected = True
+            if streaming:
+                task.cancel()
 
-        watcher = asyncio.create_task(watch_disconnect())
+        extension: Disconnect | None = (scope.get("extensions") or {}).get(DISCONNECT)
+        watcher: asyncio.Task[None] | None = None
+        if extension is not None:
+            extension["when_disconnected"](leave)
+        else:
+
+            async def watch_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                leave()
+
+            watcher = asyncio.create_task(watch_disconnect())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.sse_headers})
             if self.pusher is not None:
@@ -152,7 +162,10 @@ class SSEResponse(Response):
             task.uncancel()  # our own cancel: the client left, which is not an error of this request
         finally:
             streaming = False
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif extension is not None:
+                extension["when_disconnected"](None)
             if self.frames is not None:
                 await _close(self.frames)
             if self.on_close is not None:

@@ -246,3 +246,38 @@ def test_a_client_that_leaves_a_non_streamed_request_aborts_it(
         assert [callback is None for callback in registered] == [False, True, False, True, False, True]
     else:
         assert registered == []
+
+
+@pytest.mark.parametrize("as_pyfront_serve", [True, False], ids=["callback", "watcher task"])
+def test_a_client_that_leaves_a_stream_aborts_it(as_pyfront_serve: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed response learns of the disconnect as the non-streamed one does: from the cycle's callback under
+    `pyfront serve` (no watcher task: SSEResponse registers its own callback and takes it back), from a watcher
+    task under any other server. Either way the stream is cancelled and its engine request aborted, mid-stream."""
+    registered: list[object] = []
+    original = DisconnectWatch.when_disconnected
+
+    def spy(self: DisconnectWatch, callback: Any) -> None:
+        registered.append(callback)
+        original(self, callback)
+
+    monkeypatch.setattr(DisconnectWatch, "when_disconnected", spy)
+    slow = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    with running_harness(as_pyfront_serve=as_pyfront_serve, output_len=None, step_interval_s=0.01) as harness:
+        port = int(harness.base_url.rsplit(":", 1)[1])
+        before = harness.mock_totals()
+        sock = _post(port, json.dumps(slow).encode())
+        received = b""
+        while b"data: {" not in received:  # the stream is running: its first frame is out
+            received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200 OK")
+        sock.close()
+        _wait(lambda: harness.mock_totals()["running"] == 0)
+        assert harness.mock_totals()["aborts"] == before["aborts"] + 1
+        with harness.http() as http:  # the server serves on
+            quick = {**slow, "max_tokens": 2, "ignore_eos": False}
+            assert http.post("/v1/chat/completions", json=quick).status_code == 200
+    if as_pyfront_serve:  # per stream: the lane's callback (taken back once the handler returned), then the SSE one
+        assert [callback is None for callback in registered] == [False, True, False, True, False, True, False, True]
+    else:
+        assert registered == []
