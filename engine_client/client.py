@@ -5,10 +5,10 @@ PULL, sends ADD / ABORT / UTILITY, routes each decoded output batch once to per-
 watches engine health. It knows nothing of HTTP, tokenizers or text.
 
 Health, since the protocol has no heartbeat (docs/engine-protocol.md#health-and-death):
-- `ENGINE_CORE_DEAD` on the output socket (which engine sent it is not said) and every peer
-  disconnect seen by a monitor on the input ROUTER trigger an immediate probe of every engine;
-- the input ROUTER is ROUTER_MANDATORY, so a send to an engine whose process is gone fails at once
-  with EHOSTUNREACH: that engine is dead;
+- `ENGINE_CORE_DEAD` on the output socket (which engine sent it is not said) and every engine
+  connection to the input ROUTER that drops trigger an immediate probe of every engine;
+- a send to an engine whose process is gone fails at once (`EngineUnreachable`: the input ROUTER
+  routes only to connected identities): that engine is dead;
 - engines that sent nothing for `ping_interval_s` get a utility ping; no answer within
   `stall_timeout_s` marks them stalled. Either way their in-flight requests fail with
   `EngineDeadError` (a 5xx for the server); a stalled engine also gets ABORTs for them, and comes back
@@ -24,9 +24,10 @@ off, for every engine, if the new one's config differs), and the balancer routes
 names the ranks out of service meanwhile (`degraded_ranks`). A registration from a rank outside
 0..data_parallel_size-1 is ignored: the size is fixed at start-up.
 
-The output loop reads a bounded batch of messages (`OUTPUT_BATCH_MESSAGES` or `OUTPUT_BATCH_SECONDS`,
-whichever comes first) and then yields to the event loop, however fast the engines send: HTTP, client
-disconnects and signals must get in even when the front end falls behind the engines.
+The sockets themselves are `transport`'s: ZMTP on the event loop, or libzmq. Either routes outputs in bounded
+batches (`OUTPUT_BATCH_MESSAGES` or `OUTPUT_BATCH_SECONDS`, whichever comes first) and then yields to the event
+loop, however fast the engines send: HTTP, client disconnects and signals must get in even when the front end
+falls behind the engines.
 """
 
 from __future__ import annotations
@@ -44,12 +45,11 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import msgspec
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from pyfront.engine_client import codec
 from pyfront.engine_client.handshake import (
@@ -70,6 +70,7 @@ from pyfront.engine_client.protocol import (
     engine_identity,
 )
 from pyfront.engine_client.routing import EngineRouting, Prediction, Router, RoutingConfig, RoutingReport, RoutingStats
+from pyfront.engine_client.transport import EngineSockets, EngineUnreachable, open_engine_sockets
 from pyfront.engine_client.validation import validate_request
 from pyfront.hashing import HashConfig, PromptHasher
 
@@ -77,22 +78,11 @@ logger = logging.getLogger(__name__)
 
 PING_METHOD = "is_sleeping"
 
-OUTPUT_BATCH_MESSAGES = 64
-"""At most this many output messages are routed before the output loop yields to the event loop."""
-OUTPUT_BATCH_SECONDS = 0.004
-"""... or for at most this long (a message routed to many streams costs more than one routed to one)."""
 INLINE_LOOKUP_BLOCKS = 512
 """Prompts of more blocks are looked up in the prefix index on a worker thread (the walk grows with the prompt)."""
 INLINE_ENCODE_TOKENS = 16384
 """ADDs of longer prompts are encoded on a worker thread: msgspec writes every id (~4.5 ns each here, 0.45-0.67 ms
 at 100k ids in a server), which grows with the history; at this bound the encode costs about a thread hop."""
-REGISTRATION_POLL_S = 0.5
-"""The input ROUTER's events are checked at least this often for registrations of restarted engines.
-
-Requests are sent on the same socket straight through libzmq (`_send`), and such a send may consume the
-edge-triggered readiness notification that a registration raised, so waiting for the notification alone
-could miss it; a restarted engine needs seconds to start, so half a second more does not matter.
-"""
 
 
 class EngineError(RuntimeError):
@@ -115,14 +105,6 @@ class DuplicateRequestError(ValueError):
     """The request id is already in flight (sending it would kill the engine)."""
 
 
-_send_now = zmq.backend.Socket.send
-"""The Cython send under pyzmq's ``Socket.send``, called frame by frame with int flags. ``send_multipart`` took
-4.0 us for an ADD's three frames against 1.1 us this way (an ``IntFlag.__or__`` per frame, buffer checks, the
-sugar's routing_id/group branches); the bytes on the wire are the same."""
-_MORE_NOW = int(zmq.SNDMORE | zmq.NOBLOCK)
-_NOW = int(zmq.NOBLOCK)
-
-
 @dataclass(slots=True)
 class EngineClientConfig:
     data_parallel_address: str = "127.0.0.1"
@@ -134,6 +116,8 @@ class EngineClientConfig:
     """False when another process runs the handshake for this one (several API servers)."""
     input_address: str | None = None
     output_address: str | None = None
+    transport: str | None = None
+    """auto, zmtp or libzmq (engine_client/transport); None: read PYFRONT_ENGINE_TRANSPORT."""
     startup_timeout_s: float = 600.0
     ping_interval_s: float = 2.0
     stall_timeout_s: float = 30.0
@@ -342,11 +326,7 @@ class EngineClient:
         self._sentinel_seen = False
         self._closed = False
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        self._input: zmq.asyncio.Socket | None = None
-        self._input_now: zmq.Socket | None = None
-        """The same socket without zmq.asyncio's wrapping, for non-blocking sends."""
-        self._output: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
+        self._sockets: EngineSockets | None = None
         self._handshake: HandshakeServer | None = None
         self.input_address = ""
         self.output_address = ""
@@ -363,20 +343,8 @@ class EngineClient:
             raise
         return client
 
-    def _bind(self) -> None:
+    async def _bind(self) -> None:
         cfg = self.config
-        self._input = self.ctx.socket(zmq.ROUTER)
-        self._input_now = zmq.Socket.shadow(self._input.underlying)
-        self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A restarted engine registers under its rank's identity; let its connection take the identity over
-        # even if the old one has not been noticed as gone (see HandshakeServer).
-        self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self._input.setsockopt(zmq.SNDHWM, 0)
-        self._input.setsockopt(zmq.RCVHWM, 0)
-        self._input.setsockopt(zmq.LINGER, 0)
-        self._output = self.ctx.socket(zmq.PULL)
-        self._output.setsockopt(zmq.RCVHWM, 0)
-        self._output.setsockopt(zmq.LINGER, 0)
         if cfg.input_address and cfg.output_address:
             input_address, output_address = cfg.input_address, cfg.output_address
         elif _is_loopback(cfg.data_parallel_address):
@@ -388,18 +356,19 @@ class EngineClient:
             if ":" in host:
                 host = f"[{host}]"
             input_address = output_address = f"tcp://{host}:0"
-        self._input.bind(input_address)
-        self._output.bind(output_address)
-        self.input_address = self._input.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._monitor = self._input.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._sockets = await open_engine_sockets(
+            self.ctx, input_address, output_address, self._on_output_message, self._on_disconnect, cfg.transport
+        )
+        self.input_address = self._sockets.input_address
+        self.output_address = self._sockets.output_address
         self.io_threads = batch_io_threads()
-        """What became of libzmq's I/O threads' scheduling (engine_client/io_threads.py)."""
+        """What became of libzmq's I/O threads' scheduling (engine_client/io_threads.py): the handshake's, the KV
+        events', and the engine sockets' when they are libzmq's."""
 
     async def _start(self) -> None:
         cfg = self.config
         deadline = time.monotonic() + cfg.startup_timeout_s
-        self._bind()
+        await self._bind()
         if cfg.run_handshake:
             if cfg.client_count != 1:
                 raise ValueError("run the handshake for several front-end processes with run_handshake()")
@@ -424,8 +393,6 @@ class EngineClient:
         self._start_routing()
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._output_loop(), name="pyfront-engine-outputs"),
-            loop.create_task(self._monitor_loop(), name="pyfront-engine-monitor"),
             loop.create_task(self._health_loop(), name="pyfront-engine-health"),
             loop.create_task(self._registration_loop(), name="pyfront-engine-registrations"),
         ]
@@ -434,18 +401,18 @@ class EngineClient:
 
     async def _collect_registrations(self, deadline: float) -> dict[int, EngineCoreReadyResponse]:
         """One registration per engine on our input socket (they may have arrived before READY)."""
-        assert self._input is not None
+        assert self._sockets is not None
         expected = set(range(self.config.data_parallel_size))
         registrations: dict[int, EngineCoreReadyResponse] = {}
         while len(registrations) < len(expected):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await self._input.poll(timeout=remaining * 1000):
+            try:
+                frames = await asyncio.wait_for(self._sockets.recv_input(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
                 missing = sorted(expected - set(registrations))
                 raise HandshakeError(
                     f"engine ranks {missing} never registered on {self.input_address} "
                     f"within {self.config.startup_timeout_s:g}s"
-                )
-            frames = await self._input.recv_multipart()
+                ) from None
             identity, payload = frames[0], frames[-1]
             rank = identity_rank(identity)
             if rank not in expected:
@@ -463,7 +430,7 @@ class EngineClient:
         self._closed = True
         for engine in self.engines:
             if engine.in_flight and engine.connected:
-                with contextlib.suppress(zmq.ZMQError):
+                with contextlib.suppress(EngineError, zmq.ZMQError):
                     await self._send(engine, codec.encode_abort(sorted(engine.in_flight)))
         for stream in self._streams.values():
             stream.fail(EngineUnavailableError("the engine client is shutting down"))
@@ -477,12 +444,8 @@ class EngineClient:
         for future in self._utility_calls.values():
             if not future.done():
                 future.set_exception(EngineUnavailableError("the engine client is shutting down"))
-        if self._input is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._input.disable_monitor()
-        for sock in (self._monitor, self._input, self._output):
-            if sock is not None:
-                sock.close(linger=0)
+        if self._sockets is not None:
+            await self._sockets.close()
         if self._handshake is not None:
             self._handshake.close()
         if self._subscriber is not None:
@@ -705,25 +668,12 @@ class EngineClient:
 
     async def _send(self, engine: EngineState, frames: list) -> None:
         """Send `[type, payload, aux...]` to one engine; a vanished engine is marked dead at once."""
-        assert self._input is not None
+        assert self._sockets is not None
         try:
-            # Straight on the socket, not through zmq.asyncio's send (a future and poller work per
-            # message): with SNDHWM 0 a ROUTER send never blocks, so NOBLOCK only ever fails with
-            # EHOSTUNREACH (ROUTER_MANDATORY) for an engine that is gone.
-            sock = self._input_now
-            assert sock is not None
-            try:
-                _send_now(sock, engine.identity, _MORE_NOW, False)
-                last = len(frames) - 1
-                for i, frame in enumerate(frames):
-                    _send_now(sock, frame, _NOW if i == last else _MORE_NOW, False)
-            except zmq.Again:  # not expected with SNDHWM 0 (and only on the first frame): wait for room
-                await self._input.send_multipart([engine.identity, *frames], copy=False)
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self._mark_dead(engine, "disconnected", "the engine process is gone (EHOSTUNREACH)")
-                raise EngineDeadError(f"engine rank {engine.rank} is gone") from None
-            raise
+            self._sockets.send(engine.identity, frames)
+        except EngineUnreachable:
+            self._mark_dead(engine, "disconnected", "the engine process is gone (no connection has its identity)")
+            raise EngineDeadError(f"engine rank {engine.rank} is gone") from None
 
     async def add_request(
         self,
@@ -839,45 +789,6 @@ class EngineClient:
 
     # ------------------------------------------------------------------ outputs
 
-    async def _output_loop(self) -> None:
-        """Receive engine outputs in bounded batches, without a future per message.
-
-        zmq.asyncio's recv costs a future and a poller registration per message; here the socket's file
-        descriptor wakes the loop and non-blocking reads drain it. The descriptor is edge-triggered (it
-        signals when zmq's event state changes), so after a read finds nothing the state is checked once
-        more before waiting. While messages keep coming, the loop yields after `OUTPUT_BATCH_MESSAGES`
-        messages or `OUTPUT_BATCH_SECONDS`: an engine that outputs faster than we route must not starve
-        `/health`, disconnect handling and signal handlers of the event loop.
-        """
-        assert self._output is not None
-        sock: zmq.Socket[bytes] = zmq.Socket.shadow(self._output.underlying)
-        loop = asyncio.get_running_loop()
-        readable = asyncio.Event()
-        fd = cast(int, sock.getsockopt(zmq.FD))  # int-valued options come back as int
-        loop.add_reader(fd, readable.set)
-        recv, noblock, again = sock.recv_multipart, zmq.NOBLOCK, zmq.Again
-        clock, on_message = time.monotonic, self._on_output_message
-        try:
-            while True:
-                budget_end = clock() + OUTPUT_BATCH_SECONDS
-                for _ in range(OUTPUT_BATCH_MESSAGES):
-                    try:
-                        frames = recv(noblock)
-                    except again:
-                        readable.clear()
-                        if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                            continue
-                        await readable.wait()
-                        break  # the wait yielded: a fresh batch
-                    on_message(frames)
-                    if clock() >= budget_end:
-                        await asyncio.sleep(0)
-                        break
-                else:
-                    await asyncio.sleep(0)
-        finally:
-            loop.remove_reader(fd)
-
     def _on_output_message(self, frames: list[bytes]) -> None:
         """Route one EngineCoreOutputs message: each output to its stream, once, in order."""
         decode = codec.decode_outputs
@@ -926,12 +837,9 @@ class EngineClient:
 
     async def _registration_loop(self) -> None:
         """For the life of the client: read the input ROUTER, where only (re-)registrations arrive."""
-        assert self._input is not None and self._input_now is not None
-        sock = self._input_now
+        assert self._sockets is not None
         while True:
-            await self._input.poll(timeout=REGISTRATION_POLL_S * 1000)
-            while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                self._on_registration(sock.recv_multipart(zmq.NOBLOCK))
+            self._on_registration(await self._sockets.recv_input())
 
     def _on_registration(self, frames: list[bytes]) -> None:
         """A registration after start-up: re-admit its rank; anything else is logged and dropped."""
@@ -1070,13 +978,9 @@ class EngineClient:
             *(self._ping(e, timeout, stall_on_timeout=stall_on_timeout) for e in self.engines if e.connected)
         )
 
-    async def _monitor_loop(self) -> None:
-        assert self._monitor is not None
-        while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                logger.warning("an engine connection dropped (%s); probing", event.get("endpoint"))
-                self._probe_wanted.set()
+    def _on_disconnect(self, endpoint: str) -> None:
+        logger.warning("an engine connection to %s dropped; probing", endpoint)
+        self._probe_wanted.set()
 
     async def _health_loop(self) -> None:
         cfg = self.config

@@ -15,14 +15,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 import pytest
 import zmq
+import zmq.asyncio
 
 from pyfront.engine_client import codec
 from pyfront.engine_client.client import (
     INLINE_ENCODE_TOKENS,
-    OUTPUT_BATCH_MESSAGES,
     DuplicateRequestError,
     EngineClient,
     EngineClientConfig,
@@ -41,6 +42,8 @@ from pyfront.engine_client.protocol import (
     SamplingParams,
     engine_identity,
 )
+from pyfront.engine_client.transport import open_engine_sockets
+from pyfront.engine_client.transport.base import OUTPUT_BATCH_MESSAGES
 from pyfront.hashing import default_none_hash
 from tests.conftest import free_port
 
@@ -418,36 +421,42 @@ def test_stalled_engine_fails_requests_then_recovers() -> None:
 # ---------------------------------------------------------------- the output loop yields
 
 
-def test_output_loop_yields_between_bounded_batches() -> None:
+@pytest.mark.parametrize("transport", ["libzmq", "zmtp"])
+def test_output_loop_yields_between_bounded_batches(transport: str, tmp_path: Path) -> None:
     """A flood of outputs already queued must not keep the event loop from other tasks (issue 13, item 1).
 
-    The messages are queued on an inproc PUSH before the output loop starts, so the socket never runs dry
-    while the loop drains it: before the fix the loop routed all of them without yielding once. The check is
-    on fairness, not speed: a ticker task that yields after every tick must run between every bounded batch.
+    The messages are sent before the event loop gets a turn, so the socket never runs dry while they are
+    routed: before the fix the loop routed all of them without yielding once. The check is on fairness, not
+    speed: a ticker task that yields after every tick must run between every bounded batch. libzmq gets them
+    through inproc (in the PULL's queue as soon as the send returns), ZMTP through ipc (in the kernel's buffer,
+    then read as large chunks of many messages each).
     """
     total = 20 * OUTPUT_BATCH_MESSAGES
 
     async def main() -> None:
-        name = f"inproc://flood-{uuid.uuid4().hex}"
-        client = EngineClient(EngineClientConfig(input_address=f"{name}-in", output_address=f"{name}-out"))
-        client._bind()
-        push = zmq.Context.shadow(client.ctx.underlying).socket(zmq.PUSH)
-        push.setsockopt(zmq.SNDHWM, 0)
-        push.connect(f"{name}-out")
-        message = codec.encode_outputs(EngineCoreOutputs(0, [EngineCoreOutput("nobody", [1, 2, 3])]))
-        for _ in range(total):
-            push.send_multipart(message)  # inproc: in the PULL's queue as soon as this returns
-
+        if transport == "libzmq":
+            name = f"inproc://flood-{uuid.uuid4().hex}"
+            input_address, output_address = f"{name}-in", f"{name}-out"
+        else:
+            input_address, output_address = f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out"
         routed = 0
-        route = client._on_output_message
+        seen_at_ticks: list[int] = []
 
         def counting(frames: list[bytes]) -> None:
             nonlocal routed
             routed += 1
-            route(frames)
 
-        client._on_output_message = counting  # type: ignore[method-assign]
-        seen_at_ticks: list[int] = []
+        ctx = zmq.asyncio.Context()
+        sockets = await open_engine_sockets(ctx, input_address, output_address, counting, lambda _: None, transport)
+        assert sockets.kind.startswith(transport)
+        push = zmq.Context.shadow(ctx.underlying).socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, 0)
+        push.connect(sockets.output_address)
+        message = codec.encode_outputs(EngineCoreOutputs(0, [EngineCoreOutput("nobody", [1, 2, 3])]))
+        for _ in range(total):
+            push.send_multipart(message)
+        if transport == "zmtp":
+            time.sleep(0.5)  # libzmq's I/O thread writes them all to the kernel while the event loop is blocked
 
         async def ticker() -> None:
             while True:
@@ -455,16 +464,18 @@ def test_output_loop_yields_between_bounded_batches() -> None:
                 await asyncio.sleep(0)
 
         tick_task = asyncio.create_task(ticker())
-        loop_task = asyncio.create_task(client._output_loop())
-        while routed < total:
+        deadline = time.monotonic() + 30
+        while routed < total and time.monotonic() < deadline:
             await asyncio.sleep(0)
-        loop_task.cancel()
         tick_task.cancel()
-        await asyncio.gather(loop_task, tick_task, return_exceptions=True)
+        await asyncio.gather(tick_task, return_exceptions=True)
         push.close(0)
-        await client.close()
+        await sockets.close()
+        ctx.term()
+        assert routed == total
         steps = [b - a for a, b in itertools.pairwise([*seen_at_ticks, routed])]  # the last batch too
         assert max(steps) <= OUTPUT_BATCH_MESSAGES, f"{max(steps)} messages routed without yielding"
+        assert len([step for step in steps if step]) >= total // OUTPUT_BATCH_MESSAGES - 1  # the first before a tick
 
     asyncio.run(main())
 

@@ -28,15 +28,15 @@ def io_threads() -> dict[int, int]:
 
 def test_a_context_s_io_thread_becomes_batch_work() -> None:
     ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)  # the context starts its I/O thread with its first socket
     try:
-        sock = ctx.socket(zmq.PULL)  # the context starts its I/O thread with its first socket
         before = set(io_threads())
         assert before
         assert "SCHED_BATCH" in batch_io_threads()
         assert all(policy == os.SCHED_BATCH for policy in io_threads().values())
         assert "SCHED_BATCH" in batch_io_threads()  # again: nothing to change, same answer
-        sock.close()
     finally:
+        sock.close(0)
         ctx.term()
 
 
