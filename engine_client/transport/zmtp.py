@@ -37,6 +37,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from pyfront.engine_client.codec import Buffer
 from pyfront.engine_client.transport.base import (
@@ -124,15 +125,17 @@ def check_greeting(greeting: bytes) -> None:
         raise ZmtpError(f"security mechanism {mechanism!r} is not supported (NULL is)")
 
 
-def encode_message(frames: Sequence[Buffer]) -> list[Buffer]:
-    """Headers and bodies of a message's frames, MORE on all but the last, ready for `writelines`."""
-    out: list[Buffer] = []
+def encode_message(frames: Sequence[Buffer], out: list[Buffer]) -> int:
+    """Append the headers and bodies of a message's frames (MORE on all but the last) to `out`; returns a bound
+    of their size on the wire (9 bytes of header counted per frame)."""
+    total = 0
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         size = len(frame) if type(frame) is bytes or type(frame) is bytearray else memoryview(frame).nbytes
         out.append(frame_header(FLAG_MORE if i < last else 0, size))
         out.append(frame)
-    return out
+        total += size + 9
+    return total
 
 
 # ---------------------------------------------------------------------------------------------- one connection
@@ -156,14 +159,15 @@ class _Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._need = GREETING_SIZE
         self._parts: list[bytes] = []
+        self._pending: list[Buffer] = []
+        self._pending_bytes = 0
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self.peer = _describe_peer(transport)
-        transport.write(GREETING)
+        self.transport.write(GREETING)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -205,16 +209,28 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def write(self, pieces: list[Buffer]) -> None:
-        """One message's headers and bodies: one buffer and one `write` when small."""
-        assert self.transport is not None
-        total = 0
-        for piece in pieces:
-            total += len(piece) if type(piece) is bytes or type(piece) is bytearray else memoryview(piece).nbytes
+    def write(self, frames: Sequence[Buffer]) -> None:
+        """Queue one message: what a turn of the event loop queues goes out at its end, in one `write` (`flush`).
+
+        A burst of requests (64 connections admitting at once) is then one system call per turn, as libzmq's I/O
+        thread batched them, not one per request; a lone request waits only for the callbacks already queued.
+        """
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._pending_bytes += encode_message(frames, self._pending)
+
+    def flush(self) -> None:
+        """Write what is queued: joined into one buffer when small, else as a list (no copy of a long prompt)."""
+        pending, total = self._pending, self._pending_bytes
+        if not pending:
+            return
+        self._pending, self._pending_bytes = [], 0
+        if self.transport is None or self.closed:
+            return
         if total <= JOIN_MAX:
-            self.transport.write(b"".join(pieces))
+            self.transport.write(b"".join(pending))
         else:
-            self.transport.writelines(pieces)
+            self.transport.writelines(pending)
 
     def _parse(self, data: bytes) -> int:
         """Consume every whole frame in `data`; returns where the first incomplete one starts."""
@@ -342,8 +358,9 @@ class _ServerSocket:
         if self.server is not None:
             self.server.close()
         for connection in list(self.connections):
+            connection.flush()  # e.g. the ABORTs a closing client just sent
             if connection.transport is not None:
-                connection.transport.abort()
+                connection.transport.close()
         self.connections.clear()
         if self._path is not None:
             with contextlib.suppress(OSError):
@@ -388,7 +405,7 @@ class RouterSocket(_ServerSocket):
         connection = self.routes.get(identity)
         if connection is None or connection.closed:
             raise EngineUnreachable(identity)
-        connection.write(encode_message(frames))
+        connection.write(frames)
 
 
 class PullSocket(_ServerSocket):

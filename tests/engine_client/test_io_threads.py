@@ -64,6 +64,7 @@ def test_the_engine_client_s_threads_are_batch_work_and_serve() -> None:
     with running_harness() as harness:
         engine = harness.app.state.serving.engine  # type: ignore[attr-defined]
         assert "SCHED_BATCH" in engine.io_threads
+        assert engine._sockets.kind.startswith("zmtp"), engine._sockets.kind  # the requests below take ZMTP
         with harness.http() as http:
             for _ in range(20):
                 answer = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})

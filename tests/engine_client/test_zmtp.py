@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 import zmq
 import zmq.asyncio
 
@@ -33,6 +34,17 @@ from pyfront.engine_client.transport.zmtp import (
     parse_address,
     ready,
 )
+
+
+@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+def event_loop_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test on asyncio's own loop and on uvloop's (what `pyfront serve` runs), whose transports differ."""
+    if request.param == "uvloop":
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        yield request.param
+    finally:
+        asyncio.set_event_loop_policy(None)
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
@@ -75,7 +87,8 @@ def test_fixed_frames() -> None:
     assert frame_header(0, 256) == b"\x02" + (256).to_bytes(8, "big")
     assert frame_header(1, 70000) == b"\x03" + (70000).to_bytes(8, "big")
     assert command(b"PONG", b"ctx") == b"\x04\x08\x04PONGctx"
-    pieces = encode_message([b"a", bytearray(b"bc"), memoryview(b"def")])
+    pieces: list[Any] = []
+    encode_message([b"a", bytearray(b"bc"), memoryview(b"def")], pieces)
     assert b"".join(bytes(p) for p in pieces) == b"\x01\x01a\x01\x02bc\x00\x03def"
 
 
@@ -127,7 +140,9 @@ def peer_stream(messages: list[list[bytes]], identity: bytes = b"\x01\x00") -> b
     out += command(b"READY", properties)
     out += command(b"PING", b"\x00\x0aping-ctx")
     for message in messages:
-        out += b"".join(bytes(p) for p in encode_message(message))
+        pieces: list[Any] = []
+        encode_message(message, pieces)
+        out += b"".join(bytes(p) for p in pieces)
     return bytes(out)
 
 
@@ -186,6 +201,43 @@ def test_a_peer_that_is_not_an_engine_is_closed(stream: bytes, why: str, caplog:
 
     asyncio.run(main())
     assert why in caplog.text
+
+
+def test_a_turn_s_messages_go_out_in_one_write_and_close_flushes() -> None:
+    class CountingTransport(FakeTransport):
+        writes = 0
+
+        def write(self, data: Any) -> None:
+            self.writes += 1
+            super().write(data)
+
+    async def main() -> None:
+        router = RouterSocket(lambda _: None)
+        connection = _Connection(router)
+        transport = CountingTransport()
+        connection.connection_made(transport)
+        connection.data_received(peer_stream([]))
+        await asyncio.sleep(0)
+        transport.written.clear()
+        transport.writes = 0
+        messages = [[b"\x00", os.urandom(n)] for n in (10, 300, 2000)]
+        for message in messages:
+            router.send(b"\x01\x00", message)
+        assert transport.writes == 0  # queued until the end of this turn
+        await asyncio.sleep(0)
+        assert transport.writes == 1
+        expected: list[Any] = []
+        for message in messages:
+            encode_message(message, expected)
+        assert bytes(transport.written) == b"".join(bytes(p) for p in expected)
+        big = os.urandom(100_000)  # above JOIN_MAX: written as a list, not copied into one buffer
+        router.send(b"\x01\x00", [b"\x00", big])
+        router.send(b"\x01\x00", [b"last"])
+        router.close()  # flushes before it closes
+        assert transport.closed
+        assert bytes(transport.written).endswith(big + b"\x00\x04last")
+
+    asyncio.run(main())
 
 
 # ---------------------------------------------------------------- against libzmq
