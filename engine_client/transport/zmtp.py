@@ -90,9 +90,12 @@ def command(name: bytes, data: bytes) -> bytes:
 
 
 def ready(socket_type: bytes) -> bytes:
-    """Our READY: the one property a NULL handshake needs (libzmq checks the socket types pair)."""
-    name = b"Socket-Type"
-    return command(b"READY", bytes((len(name),)) + name + len(socket_type).to_bytes(4, "big") + socket_type)
+    """Our READY, byte for byte libzmq's for the same socket: Socket-Type, and for a ROUTER an empty Identity
+    (libzmq sends its routing id, unset here, on REQ, DEALER and ROUTER sockets; only a ROUTER peer reads it)."""
+    properties = b"\x0bSocket-Type" + len(socket_type).to_bytes(4, "big") + socket_type
+    if socket_type == b"ROUTER":
+        properties += b"\x08Identity\x00\x00\x00\x00"
+    return command(b"READY", properties)
 
 
 def parse_properties(data: bytes) -> dict[bytes, bytes]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,8 @@ def test_fixed_frames() -> None:
     expected = b"\xff" + bytes(7) + b"\x01\x7f" + b"\x03\x01" + b"NULL" + bytes(16) + b"\x00" + bytes(31)
     assert expected == GREETING
     assert len(GREETING) == 64
-    assert ready(b"ROUTER") == b"\x04\x1c\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER"
+    assert ready(b"ROUTER") == b"\x04\x29\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER\x08Identity\x00\x00\x00\x00"
+    assert ready(b"PULL") == b"\x04\x1a\x05READY\x0bSocket-Type\x00\x00\x00\x04PULL"
     assert frame_header(0, 0) == b"\x00\x00"
     assert frame_header(1, 255) == b"\x01\xff"
     assert frame_header(0, 256) == b"\x02" + (256).to_bytes(8, "big")
@@ -241,6 +243,44 @@ def test_a_turn_s_messages_go_out_in_one_write_and_close_flushes() -> None:
 
 
 # ---------------------------------------------------------------- against libzmq
+
+
+def handshake_bytes(port: int, peer_type: bytes) -> bytes:
+    """What a server socket on `port` sends a raw client that greets and READYs as a `peer_type` socket."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(GREETING + command(b"READY", b"\x0bSocket-Type" + len(peer_type).to_bytes(4, "big") + peer_type))
+        data = b""
+        expected = len(GREETING) + len(ready(b"ROUTER" if peer_type == b"DEALER" else b"PULL"))
+        while len(data) < expected:
+            chunk = raw.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "peer_type"), [("ROUTER", zmq.ROUTER, b"DEALER"), ("PULL", zmq.PULL, b"PUSH")]
+)
+def test_the_handshake_is_byte_for_byte_libzmq_s(ours: str, theirs: int, peer_type: bytes) -> None:
+    """An engine's libzmq receives from us exactly the greeting and READY a libzmq socket of that type sends."""
+    ctx = zmq.Context()
+    sock = ctx.socket(theirs)
+    try:
+        libzmq_bytes = handshake_bytes(sock.bind_to_random_port("tcp://127.0.0.1"), peer_type)
+    finally:
+        sock.close(0)
+        ctx.term()
+
+    async def main() -> None:
+        server = RouterSocket(lambda _: None) if ours == "ROUTER" else PullSocket(lambda _: None)
+        endpoint = await server.bind("tcp://127.0.0.1:0")
+        port = int(endpoint.rsplit(":", 1)[1])
+        our_bytes = await asyncio.to_thread(handshake_bytes, port, peer_type)
+        server.close()
+        assert our_bytes == libzmq_bytes
+
+    run(main)
 
 
 def test_router_round_trips_with_libzmq_dealers(tmp_path: Path) -> None:
