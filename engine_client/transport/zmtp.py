@@ -169,6 +169,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self._loop = asyncio.get_running_loop()  # once: on Python 3.11 each lookup is a getpid() system call
         self.peer = _describe_peer(transport)
         self.transport.write(GREETING)
 
@@ -219,7 +220,7 @@ class _Connection(asyncio.Protocol):
         thread batched them, not one per request; a lone request waits only for the callbacks already queued.
         """
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._loop.call_soon(self.flush)
         self._pending_bytes += encode_message(frames, self._pending)
 
     def flush(self) -> None:
