@@ -8,16 +8,22 @@ system call) per line; in a py-spy profile of peers.py's sequential row it was ~
 `AccessLine` stands in for the `uvicorn.access` logger in the protocol (`HttpToolsProtocol.access_logger`:
 uvicorn calls its `info` once per response). When the logger is exactly in uvicorn's default set-up (one
 StreamHandler, uvicorn's AccessFormatter with its default format and no colours, no filters), it writes the same
-line itself: the text is checked at first use against what the formatter makes of a sample record. Lines are
-written to the handler's stream at once and flushed within `FLUSH_AFTER_S` (together when several came in the
-meantime), so `tail -f` and `docker logs` see them with at most that delay; the interpreter flushes what is
-left at exit. Anything else (a log config of the user's, colours on a terminal, a filter, another message)
-goes to the logger itself, unchanged.
+line itself: the text is checked at first use against what the formatter makes of a sample record.
+
+Lines are kept here and written together, one `write` and one flush, `FLUSH_AFTER_S` after the first of them, so
+`tail -f` and `docker logs` see them with at most that delay. Writing each line to the stream at once is not the
+same: under `PYTHONUNBUFFERED=1`, which Python images set as a rule (ours included: docker/Dockerfile), the stream
+writes through, and every line was its own system call, one per request (an strace of 256 streamed requests: 256
+writes to stdout). Lines still held when the process exits are written by an `atexit` hook; a process killed
+outright loses at most the last `FLUSH_AFTER_S` of them. Anything else (a log config of the user's, colours on a
+terminal, a filter, another message) goes to the logger itself, unchanged; so do the held lines if the stream
+fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import http
 import logging
 from typing import Any
@@ -45,7 +51,9 @@ class AccessLine:
         """The handler's stream when lines are written here; None: they go through the logger."""
         self._handler: logging.Handler | None = None
         self._prefix = ""
-        self._flush_pending = False
+        self._held: list[tuple[Any, ...]] = []
+        """The arguments of the lines not written yet (formatted when written)."""
+        self._exit_hook = False
         self.reason: str | None = None
         """Why lines go through the logger (None while they are written here, or before the first line)."""
 
@@ -57,23 +65,33 @@ class AccessLine:
             return
         if not self.logger.isEnabledFor(logging.INFO):
             return
-        client, method, path, version, status = args
-        phrase = _PHRASES.get(status, "")
+        held = self._held
+        held.append(args)
+        if len(held) == 1:
+            asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self.flush)
+            if not self._exit_hook:
+                self._exit_hook = True
+                atexit.register(self.flush)
+
+    def flush(self) -> None:
+        """Write the held lines in one piece and flush the stream (the timer's and the exit hook's call)."""
+        held, self._held = self._held, []
+        if not held:
+            return
+        prefix, phrases = self._prefix, _PHRASES
+        text = "".join(
+            f'{prefix}{client} - "{method} {path} HTTP/{version}" {status} {phrases.get(status, "")}\n'
+            for client, method, path, version, status in held
+        )
         try:
-            self._stream.write(f'{self._prefix}{client} - "{method} {path} HTTP/{version}" {status} {phrase}\n')
+            self._stream.write(text)
+            if self._handler is not None:
+                self._handler.flush()  # StreamHandler.flush: takes the handler's lock, ignores a closed stream
         except (OSError, ValueError) as exc:  # a closed or broken stream: the logger reports it its own way
             self._stream = None
             self.reason = f"writing to the stream failed ({exc})"
-            self.logger.info(msg, *args)
-            return
-        if not self._flush_pending:
-            self._flush_pending = True
-            asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self._flush)
-
-    def _flush(self) -> None:
-        self._flush_pending = False
-        if self._handler is not None:
-            self._handler.flush()  # StreamHandler.flush: takes the handler's lock, ignores a closed stream
+            for args in held:
+                self.logger.info(UVICORN_ACCESS_MESSAGE, *args)
 
     def _resolve(self) -> None:
         """Decide once, at the first line (uvicorn has configured logging by then), how lines are written."""

@@ -1,5 +1,6 @@
-"""server/access_log.py: the access line written directly is exactly the one uvicorn's logger writes, it is
-flushed within FLUSH_AFTER_S, and any set-up other than uvicorn's default goes through the logger unchanged."""
+"""server/access_log.py: the access line written directly is exactly the one uvicorn's logger writes, the lines
+are held and written together in one write within FLUSH_AFTER_S (or at exit), and any set-up other than uvicorn's
+default goes through the logger unchanged."""
 
 from __future__ import annotations
 
@@ -26,9 +27,14 @@ class FlushCounter(io.StringIO):
     def __init__(self) -> None:
         super().__init__()
         self.flushes = 0
+        self.writes = 0
 
     def flush(self) -> None:
         self.flushes += 1
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
 
 
 def _uvicorn_logger(name: str, stream: io.StringIO, *, colors: bool = False, fmt: str | None = None) -> logging.Logger:
@@ -59,7 +65,7 @@ def test_direct_lines_equal_the_loggers() -> None:
     line = AccessLine(_uvicorn_logger("test.access.direct", mine))
     _lines(line.logger, line)
     assert line.reason is None and line._stream is mine  # the direct path ran
-    assert mine.flushes == 1  # four lines, one flush: FLUSH_AFTER_S after the first
+    assert mine.flushes == 1 and mine.writes == 1  # four lines, one write and one flush, FLUSH_AFTER_S after the first
     _lines(_uvicorn_logger("test.access.reference", theirs), None)  # (dictConfig flushes existing handlers)
     assert mine.getvalue() == theirs.getvalue()
     assert mine.getvalue().splitlines()[0] == 'INFO:     127.0.0.1:51504 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
@@ -125,3 +131,43 @@ def test_a_broken_stream_falls_back_to_the_logger() -> None:
     finally:
         logging.raiseExceptions = saved
     assert line._stream is None and "failed" in (line.reason or "")
+
+
+def test_lines_are_held_until_the_flush_and_written_in_one_piece() -> None:
+    """Nothing is written per line (under PYTHONUNBUFFERED that was a system call per request); the timer's flush
+    writes every held line at once, and `flush` itself (the exit hook) writes what is still held."""
+    out = FlushCounter()
+    line = AccessLine(_uvicorn_logger("test.access.held", out))
+
+    async def run() -> tuple[str, int]:
+        for args in CALLS:
+            line.info(UVICORN_ACCESS_MESSAGE, *args)
+        before = (out.getvalue(), out.writes)
+        await asyncio.sleep(FLUSH_AFTER_S * 3)
+        return before
+
+    assert asyncio.run(run()) == ("", 0)
+    assert out.writes == 1 and len(out.getvalue().splitlines()) == len(CALLS)
+
+    async def one_more() -> None:
+        line.info(UVICORN_ACCESS_MESSAGE, *CALLS[0])
+
+    asyncio.run(one_more())  # the loop ends before the timer: the line is still held
+    assert len(out.getvalue().splitlines()) == len(CALLS)
+    line.flush()  # what the atexit hook does
+    assert out.getvalue().splitlines()[-1] == out.getvalue().splitlines()[0] and out.writes == 2
+    line.flush()  # nothing held: nothing written
+    assert out.writes == 2
+
+
+def test_held_lines_go_through_the_logger_when_the_stream_fails() -> None:
+    out = FlushCounter()
+    target = _uvicorn_logger("test.access.failing", out)
+    line = AccessLine(target)
+    _lines(target, line)
+    records: list[logging.LogRecord] = []
+    target.handlers[0].addFilter(lambda r: records.append(r) or False)  # counted, not written
+    out.close()
+    _lines(target, line)
+    assert line._stream is None and "failed" in (line.reason or "")
+    assert [r.args for r in records] == CALLS  # none of the held lines is lost
