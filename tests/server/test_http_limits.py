@@ -6,6 +6,7 @@ large but allowed heads) untouched.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -13,14 +14,18 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr
+from uvicorn.server import ServerState
 
 from pyfront.engine_client.mock_engine import MockConfig, MockEngine
 from pyfront.server.app import create_app
 from pyfront.server.config import ServerConfig
+from pyfront.server.http_limits import ReadLimits, protocol_class
 from pyfront.server.launcher import build_uvicorn_config
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.conftest import free_port
@@ -310,3 +315,71 @@ def test_requests_that_never_finish_arriving_are_ended_after_the_timeout(port: i
             assert "not received within 2 s" in _error(answer)["message"], name
     assert probe.answers and all(status == 200 for status in probe.answers), probe.answers
     assert _healthy(port)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("family", ["ipv4", "ipv6", "unix"])
+def test_connection_addresses_are_uvicorns(loop_kind: str, family: str, tmp_path: Path) -> None:
+    """The protocol reads a connection's addresses from the transport's `sockname` / `peername` (not through a
+    socket object, as uvicorn does): the same values as uvicorn's own `get_local_addr` / `get_remote_addr` on the
+    same connection, for IPv4, IPv6 (four fields cut to two) and unix sockets (no client address)."""
+    if family == "ipv6" and not _ipv6_loopback():
+        pytest.fail("no IPv6 loopback on this machine: the IPv6 case cannot run")
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        raise AssertionError("no request is sent")
+
+    config = uvicorn.Config(app, log_level="warning")
+    protocol = protocol_class(ReadLimits(max_header_bytes=8192, max_header_count=100, request_read_timeout=0))
+    assert protocol.response_cycle  # the restated connection_made runs (the installed uvicorn is a checked one)
+    seen: list[tuple[object, ...]] = []
+
+    class Probe(protocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            seen.append((self.server, self.client, get_local_addr(transport), get_remote_addr(transport)))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        state = ServerState()
+
+        def factory() -> Probe:
+            return Probe(config=config, server_state=state, app_state={}, _loop=loop)
+
+        if family == "unix":
+            path = str(tmp_path / "s.sock")
+            server = await loop.create_unix_server(factory, path)
+            _, writer = await asyncio.open_unix_connection(path)
+        else:
+            host = "127.0.0.1" if family == "ipv4" else "::1"
+            server = await loop.create_server(factory, host, 0)
+            _, writer = await asyncio.open_connection(host, server.sockets[0].getsockname()[1])
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    if loop_kind == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+    [(server_addr, client_addr, uvicorn_server, uvicorn_client)] = seen
+    assert (server_addr, client_addr) == (uvicorn_server, uvicorn_client)
+    if family == "unix":
+        assert client_addr is None and server_addr == (str(tmp_path / "s.sock"), None)
+    else:
+        assert client_addr is not None and server_addr is not None and server_addr[1] and client_addr[1]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
