@@ -72,6 +72,12 @@ class PushStream:
 
     The stream ends when every choice is done (its final output, a stop string, or an abort from outside,
     which ends that choice as the general path ends it); any other error ends it with one error event.
+
+    `run` writes the whole body, its end included: the last frames go with the end of the body in one `send`
+    (`more_body` False), so the server writes them and the chunked terminator in one piece. When the last
+    choice ends with an engine output, that output's frames, the closing frames (usage, [DONE]) and the end go
+    out together from `on_output`: a short streamed answer is the head and one write, not four (the output's
+    frames, the closing frames and the terminator each had their own `send`, and so their own system call).
     """
 
     def __init__(self, generations: Sequence[Streamed], frames: Frames, metrics: Metrics) -> None:
@@ -87,7 +93,10 @@ class PushStream:
         """The server's `send`: an async def, so each call returns a coroutine that `_write` drives by hand."""
         self._pending: tuple[Any, Any] | None = None
         """A send coroutine that suspended, and what it yielded."""
-        self._backlog: list[bytes] = []
+        self._backlog: list[tuple[bytes, bool]] = []
+        """Chunks (and whether each ends the body) waiting behind a suspended send."""
+        self._ended = False
+        """The end of the body has been sent (or queued behind a suspended send): nothing more is written."""
         self._attention: asyncio.Future[None] | None = None
         self._done = False
         self._error: BaseException | None = None
@@ -107,10 +116,19 @@ class PushStream:
             return
         if choice.done:
             self._choice_ended()
-        if chunk:
-            self._write(chunk)
         if self._done:
+            try:
+                closing = self._closing()
+            except Exception as exc:  # as above: run() ends the stream with an error event after `chunk`
+                self._error = exc
+                if chunk:
+                    self._write(chunk)
+                self._wake()
+                return
+            self._write(chunk + closing, end=True)
             self._wake()
+        elif chunk:
+            self._write(chunk)
 
     def _choice_ended(self) -> None:
         self._open -= 1
@@ -137,12 +155,22 @@ class PushStream:
         if attention is not None and not attention.done():
             attention.set_result(None)
 
-    def _write(self, chunk: bytes) -> None:
+    def _closing(self) -> bytes:
+        """The closing frames, once every choice is done (the request's end-to-end time is observed here)."""
+        for generation in self.generations:
+            generation.finish_metrics()
+        return self.frames.closing()
+
+    def _write(self, chunk: bytes, *, end: bool = False) -> None:
+        if self._ended:
+            return
+        if end:
+            self._ended = True
         if self._pending is not None:
-            self._backlog.append(chunk)
+            self._backlog.append((chunk, end))
             return
         assert self._send is not None
-        coro = self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+        coro = self._send({"type": "http.response.body", "body": chunk, "more_body": not end})
         try:
             yielded = coro.send(None)
         except StopIteration:
@@ -194,8 +222,10 @@ class PushStream:
                 raise
         self._pending = None
         backlog, self._backlog = self._backlog, []
-        for chunk in backlog:
-            self._write(chunk)
+        ended, self._ended = self._ended, False  # set again by the backlog's end, if it holds one
+        for chunk, end in backlog:
+            self._write(chunk, end=end)
+        self._ended = self._ended or ended
 
     async def _wait(self) -> None:
         """Until something needs the task, or the next keep-alive / deadline check is due."""
@@ -233,7 +263,7 @@ class PushStream:
             await self._resume_pending()
 
     async def run(self, send: Send) -> None:
-        """Stream the response body (the response start is sent by SSEResponse)."""
+        """Stream the response body, its end included (the response start is sent by SSEResponse)."""
         self._send = cast("Callable[[Message], Coroutine[Any, Any, None]]", send)  # ASGI servers' send is an async def
         try:
             for choice in self.choices:
@@ -252,9 +282,8 @@ class PushStream:
                     break
                 else:
                     await self._wait()
-            for generation in self.generations:
-                generation.finish_metrics()
-            self._write(self.frames.closing())
+            if not self._ended:  # the last choice ended without an output of its own (an abort)
+                self._write(self._closing(), end=True)
             await self._flush()
         except asyncio.CancelledError:
             self._done = True
@@ -263,15 +292,15 @@ class PushStream:
         except BaseException as exc:
             self._done = True
             await self._abort()
-            if self._send_failed:
-                raise  # nobody to tell: SSEResponse ends a response whose client went away quietly
+            if self._send_failed or self._ended:
+                raise  # nobody to tell, or the body has ended: SSEResponse ends the response as it can
             error = to_api_error(exc)
             self.metrics.error(error.status)
             if self._pending is not None:
                 self._pending[0].close()
                 self._pending = None
             self._backlog.clear()
-            self._write(self.frames.error(error.status, error.message))
+            self._write(self.frames.error(error.status, error.message), end=True)
             await self._flush()
         finally:
             self._done = True

@@ -85,7 +85,8 @@ class Frames(Protocol):
 
 
 class Pusher(Protocol):
-    """Writes a whole SSE body itself (api.push.PushStream): `run` returns when the body is complete."""
+    """Writes a whole SSE body itself, its end included (api.push.PushStream): `run` returns when the body is
+    complete."""
 
     async def run(self, send: Send) -> None: ...
 
@@ -148,12 +149,13 @@ class SSEResponse(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.sse_headers})
             if self.pusher is not None:
                 await self.pusher.run(send)
+                streaming = False
             else:
                 assert self.frames is not None
                 async for chunk in self.frames:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            streaming = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                streaming = False
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass  # the client went away mid-write
         except asyncio.CancelledError:

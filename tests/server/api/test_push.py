@@ -80,6 +80,8 @@ class FakeSend:
 
     def __init__(self, block_at: int | None = None, fail_at: int | None = None) -> None:
         self.bodies: list[bytes] = []
+        self.ends: list[bool] = []
+        """Per recorded body: whether it ended the body (`more_body` False)."""
         self.calls = 0
         self.block_at = block_at
         self.fail_at = fail_at
@@ -93,7 +95,9 @@ class FakeSend:
         if call == self.block_at:
             self.gate = asyncio.get_running_loop().create_future()
             await self.gate
+        assert not any(self.ends), "a send after the end of the body"
         self.bodies.append(message["body"])
+        self.ends.append(not message["more_body"])
 
     def release(self) -> None:
         assert self.gate is not None
@@ -149,6 +153,7 @@ async def test_a_send_that_suspends_keeps_later_frames_in_order() -> None:
     send.release()
     await asyncio.wait_for(task, 2)
     assert send.text == "".join(f"tok:[{i}]\n" for i in range(1, 6)) + "closing\n" + DONE_FRAME.decode()
+    assert send.ends == [False] * 4 + [True]  # the end, queued behind the slow send, went out last, once
     assert waits(metrics) == 1
 
 
@@ -166,7 +171,7 @@ async def test_a_rendering_error_ends_the_stream_with_one_error_event_and_aborts
     assert send.bodies[0] == b"tok:[1]\n"
     assert len(events) == 1
     assert json.loads(events[0])["error"]["code"] == 500
-    assert send.text.endswith(DONE_FRAME.decode())
+    assert send.text.endswith(DONE_FRAME.decode()) and send.ends[-1]
     assert "tok:[3]" not in send.text
     assert generation.aborts >= 1
     assert generation.finished == 0
@@ -193,7 +198,30 @@ async def test_keepalive_comments_while_the_engine_is_silent() -> None:
     await asyncio.wait_for(task, 2)
     keepalives = send.bodies.count(KEEPALIVE_FRAME)
     assert keepalives >= 2
-    assert send.bodies[-2:] == [b"tok:[1]\n", b"closing\n" + DONE_FRAME]
+    assert send.bodies[-1] == b"tok:[1]\nclosing\n" + DONE_FRAME and send.ends[-1]
+
+
+async def test_the_last_output_the_closing_frames_and_the_end_are_one_send() -> None:
+    """A short answer is one send after the head: its frames, the closing frames and the end of the body (so the
+    server writes them, the chunked terminator included, in one system call); a stream that ends without an
+    output of its own (an abort) ends with the closing frames alone."""
+    stream, generation, metrics = setup()
+    send = FakeSend()
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    stream.push(output(1, 2, finish=FinishReason.LENGTH))
+    assert send.bodies == [b"tok:[1, 2]\nclosing\n" + DONE_FRAME] and send.ends == [True]  # before the task ran
+    await asyncio.wait_for(task, 2)
+    assert send.ends == [True] and generation.finished == 1
+
+    stream, generation, metrics = setup()
+    send = FakeSend()
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    stream.push(output(1))
+    stream.fail(RequestAbortedError("aborted"))
+    await asyncio.wait_for(task, 2)
+    assert send.bodies == [b"tok:[1]\n", b"closing\n" + DONE_FRAME] and send.ends == [False, True]
 
 
 async def test_the_deadline_fails_the_stream_with_a_timeout_event() -> None:
