@@ -329,6 +329,8 @@ class _ServerSocket:
         self.endpoint = ""
         self.connections: set[_Connection] = set()
         self._path: str | None = None
+        self.closed = False
+        """Closed by us: the connections it closes are not engines going away (nothing is reported)."""
 
     async def bind(self, address: str) -> str:
         """Listen on a `tcp://IP:PORT` (IP may be `*`) or `ipc://PATH` address; returns the bound endpoint."""
@@ -359,6 +361,7 @@ class _ServerSocket:
         self.connections.discard(connection)
 
     def close(self) -> None:
+        self.closed = True
         if self.server is not None:
             self.server.close()
         for connection in list(self.connections):
@@ -397,7 +400,7 @@ class RouterSocket(_ServerSocket):
         super().lost(connection)
         if connection.ready and self.routes.get(connection.identity) is connection:
             del self.routes[connection.identity]
-        if connection.ready:
+        if connection.ready and not self.closed:
             self.on_disconnect(self.endpoint)
 
     def deliver(self, connection: _Connection, parts: list[bytes]) -> None:

@@ -318,6 +318,30 @@ def test_router_round_trips_with_libzmq_dealers(tmp_path: Path) -> None:
     run(main)
 
 
+def test_closing_our_sockets_reports_no_engine_as_gone(tmp_path: Path) -> None:
+    """Our own close (the client shutting down) closes the engines' connections: that is not an engine dropping,
+    and reporting it made every orderly shutdown log `an engine connection ... dropped; probing`."""
+
+    async def main() -> None:
+        opened = Opened()
+        sockets = await opened.open(f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
+        ctx = zmq.asyncio.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        try:
+            dealer.setsockopt(zmq.IDENTITY, b"\x00\x00")
+            dealer.connect(sockets.input_address)
+            await dealer.send_multipart([b"", b"registers"])
+            assert await sockets.recv_input() == [b"\x00\x00", b"", b"registers"]
+            await sockets.close()
+            await asyncio.sleep(0.05)  # the transports' connection_lost callbacks have run
+            assert opened.disconnects == []
+        finally:
+            dealer.close(0)
+            ctx.term()
+
+    run(main)
+
+
 def test_a_new_connection_takes_an_identity_over(tmp_path: Path) -> None:
     """ROUTER_HANDOVER: a restarted engine's connection owns its rank's identity even before the old one drops."""
 

@@ -1,7 +1,7 @@
 """AdmissionPacer (server/pacing.py): admissions start freely within a slice of one loop iteration, then as many
-per iteration as fitted in that slice, in arrival order, with the loop's other callbacks (socket reads: engine outputs) run between them;
-a waiter that is cancelled is skipped and never stalls the rest; a streamed request whose client leaves while it
-waits is never admitted."""
+per iteration as fitted in that slice, in arrival order, with the loop's other callbacks (socket reads: engine
+outputs) run between them; a waiter that is cancelled is skipped and never stalls the rest; a streamed request
+whose client leaves while it waits is never admitted."""
 
 from __future__ import annotations
 
