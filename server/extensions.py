@@ -14,5 +14,12 @@ DISCONNECT = "pyfront.disconnect"
 before the response is complete; ``fn(None)`` stops it (server/http_cycle.py's DisconnectWatch)."""
 
 
+HOLD_HEAD = "pyfront.hold_head"
+"""A key of an ``http.response.start`` message (not a scope extension: a message key other servers ignore). True on
+a chunked response: the server may hold the head back and write it with the first body message, so that the head
+and the first event are one write (one system call). The application sends a body message (an empty one will do)
+when the head must go out without an event; server/api/push.py does within ``PushStream.HEAD_HOLD_S``."""
+
+
 class Disconnect(TypedDict):
     when_disconnected: Callable[[Callable[[], object] | None], None]

@@ -13,6 +13,9 @@ included. A short completion request is a few hundred microseconds of CPU, of wh
   the protocol there (a wrong message, a body longer than declared), the head is written before the error, as
   uvicorn would have; if it fails before sending any body, uvicorn closes the connection, and the client, which
   would have had a head and no body, has neither;
+- a chunked response whose start carries :data:`~pyfront.server.extensions.HOLD_HEAD` (streamed answers: the
+  application sends its first body message, an event or an empty one, within a bound of its own) has its head
+  written with that first body message too: a short streamed answer is then one write after the admission less;
 - the server's default headers (``date``, ``server``), which uvicorn builds itself, are encoded and checked
   once per list uvicorn makes (it makes a new one when the date changes, once a second), unless one of them is
   a header the cycle acts on (``content-length``, ``transfer-encoding``, ``connection``);
@@ -42,7 +45,7 @@ from uvicorn.protocols.http.httptools_impl import (
     get_path_with_query_string,
 )
 
-from pyfront.server.extensions import DISCONNECT, Disconnect
+from pyfront.server.extensions import DISCONNECT, HOLD_HEAD, Disconnect
 
 VERIFIED_UVICORN = ("0.55.",)
 """uvicorn releases whose ``RequestResponseCycle.send`` was read line by line against :class:`ResponseCycle`."""
@@ -189,6 +192,8 @@ class ResponseCycle(RequestResponseCycle):
             head = b"".join(content)
             if self.chunked_encoding is False and self.expected_content_length > 0 and self.scope["method"] != "HEAD":
                 self._held_head = head  # written with the body, the next message
+            elif self.chunked_encoding and message.get(HOLD_HEAD):
+                self._held_head = head  # written with the first body message, whenever the application sends it
             else:
                 self.transport.write(head)
 
@@ -204,7 +209,12 @@ class ResponseCycle(RequestResponseCycle):
                 chunk = [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
                 if not more_body:
                     chunk.append(b"0\r\n\r\n")
-                self.transport.write(b"".join(chunk))
+                held = self._held_head
+                if held is not None:
+                    self._held_head = None
+                    chunk.insert(0, held)
+                if chunk:
+                    self.transport.write(b"".join(chunk))
             else:
                 num_bytes = len(body)
                 if num_bytes > self.expected_content_length:

@@ -73,12 +73,20 @@ class PushStream:
     The stream ends when every choice is done (its final output, a stop string, or an abort from outside,
     which ends that choice as the general path ends it); any other error ends it with one error event.
 
+    The server may hold the response's head back until the first body message (server/extensions.py's HOLD_HEAD,
+    which SSEResponse sets for a pusher): the head and the first events are then one write. The bound is
+    `HEAD_HOLD_S`: if no output came by then, an empty body message sends the head alone, so a client waiting for
+    a long prefill still sees its 200 (and the request ids in the headers) at once, give or take that bound.
+
     `run` writes the whole body, its end included: the last frames go with the end of the body in one `send`
     (`more_body` False), so the server writes them and the chunked terminator in one piece. When the last
     choice ends with an engine output, that output's frames, the closing frames (usage, [DONE]) and the end go
     out together from `on_output`: a short streamed answer is the head and one write, not four (the output's
     frames, the closing frames and the terminator each had their own `send`, and so their own system call).
     """
+
+    HEAD_HOLD_S = 0.1
+    """How long the response's head may wait for the first output to go out with it (see the class docstring)."""
 
     def __init__(self, generations: Sequence[Streamed], frames: Frames, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -97,6 +105,8 @@ class PushStream:
         """Chunks (and whether each ends the body) waiting behind a suspended send."""
         self._ended = False
         """The end of the body has been sent (or queued behind a suspended send): nothing more is written."""
+        self._head_held = True
+        """No body message was sent yet: the server may still hold the head back."""
         self._attention: asyncio.Future[None] | None = None
         self._done = False
         self._error: BaseException | None = None
@@ -164,6 +174,7 @@ class PushStream:
     def _write(self, chunk: bytes, *, end: bool = False) -> None:
         if self._ended:
             return
+        self._head_held = False
         if end:
             self._ended = True
         if self._pending is not None:
@@ -240,6 +251,8 @@ class PushStream:
             timeout = max(0.0, keepalive - (now - last_output_at))
         if deadline is not None:
             timeout = deadline - now if timeout is None else min(timeout, deadline - now)
+        if self._head_held:
+            timeout = self.HEAD_HOLD_S if timeout is None else min(timeout, self.HEAD_HOLD_S)
         attention = self._attention = loop.create_future()
         timer = loop.call_later(max(timeout, 0.0), release_waiter, attention) if timeout is not None else None
         try:
@@ -253,6 +266,8 @@ class PushStream:
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             raise DeadlineExceeded("the request deadline passed before the engine finished")
+        if self._head_held:
+            self._write(b"")  # no output within HEAD_HOLD_S: the head goes out alone
         if keepalive is not None and now - last_output_at >= keepalive:
             for generation in generations:
                 generation.last_output_at = now

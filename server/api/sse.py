@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from pyfront.server.errors import sse_error_frame
-from pyfront.server.extensions import DISCONNECT, Disconnect
+from pyfront.server.extensions import DISCONNECT, HOLD_HEAD, Disconnect
 
 if TYPE_CHECKING:
     from pyfront.engine_client.protocol import EngineCoreOutput
@@ -146,7 +146,10 @@ class SSEResponse(Response):
 
             watcher = asyncio.create_task(watch_disconnect())
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.sse_headers})
+            start: dict[str, Any] = {"type": "http.response.start", "status": 200, "headers": self.sse_headers}
+            if self.pusher is not None:
+                start[HOLD_HEAD] = True  # the pusher sends a body message within PushStream.HEAD_HOLD_S
+            await send(start)
             if self.pusher is not None:
                 await self.pusher.run(send)
                 streaming = False

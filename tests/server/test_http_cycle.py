@@ -14,6 +14,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from pyfront.server.extensions import HOLD_HEAD
 from pyfront.server.http_cycle import DefaultHeaders, DisconnectWatch, ResponseCycle, unverified_reason
 from tests.harness import API_KEY, MODEL, running_harness
 
@@ -82,8 +83,11 @@ def make(kind: type, method: str, keep_alive: bool, defaults: list[tuple[bytes, 
     return cycle, transport, completed, access
 
 
-def start(status: int = 200, headers: list[tuple[bytes, bytes]] | None = None) -> dict[str, Any]:
-    return {"type": "http.response.start", "status": status, "headers": headers or []}
+def start(status: int = 200, headers: list[tuple[bytes, bytes]] | None = None, *, hold: bool = False) -> dict[str, Any]:
+    message = {"type": "http.response.start", "status": status, "headers": headers or []}
+    if hold:
+        message[HOLD_HEAD] = True  # uvicorn's own cycle ignores the key
+    return message
 
 
 def body(data: bytes, more: bool = False) -> dict[str, Any]:
@@ -96,6 +100,11 @@ SEQUENCES: dict[str, list[dict[str, Any]]] = {
     "json in two bodies": [start(200, JSON), body(b'{"ok"', more=True), body(b": true }")],
     "sse": [start(200, [(b"content-type", b"text/event-stream")]), body(b"data: 1\n\n", True), body(b"")],
     "sse with a last chunk": [start(200, []), body(b"data: 1\n\n", True), body(b"data: [DONE]\n\n")],
+    "sse, head held": [start(200, [], hold=True), body(b"data: 1\n\n", True), body(b"data: [DONE]\n\n")],
+    "sse, held head sent alone": [start(200, [], hold=True), body(b"", True), body(b"data: 1\n\n", True), body(b"")],
+    "sse, held head and the end": [start(200, [], hold=True), body(b"data: 1\n\n")],
+    "sse, held head, a wrong message": [start(200, [], hold=True), start(200, [])],
+    "held head of a length": [start(200, [(b"content-length", b"2")], hold=True), body(b"{}")],
     "empty with length 0": [start(200, [(b"content-length", b"0")]), body(b"")],
     "204": [start(204, []), body(b"")],
     "connection close": [start(200, [(b"content-length", b"2"), (b"Connection", b"keep-alive, Close")]), body(b"{}")],
@@ -167,6 +176,22 @@ def test_a_stream_s_head_is_written_at_once() -> None:
     cycle, transport, _, _ = make(ResponseCycle, "POST", True, DEFAULTS, DefaultHeaders())
     asyncio.run(cycle.send(start(200, [(b"content-type", b"text/event-stream")])))
     assert len(transport.writes) == 1 and transport.writes[0].endswith(b"\r\n\r\n")
+
+
+def test_a_held_stream_head_goes_with_the_first_body_message() -> None:
+    """With HOLD_HEAD (what SSEResponse sets for push streams) the head waits for the first body message: the
+    head and the first event are one write; an empty body message sends the head alone; then as before."""
+    cycle, transport, completed, _ = make(ResponseCycle, "POST", True, DEFAULTS, DefaultHeaders())
+    asyncio.run(run(cycle, [start(200, [(b"content-type", b"text/event-stream")], hold=True)]))
+    assert transport.writes == []
+    asyncio.run(run(cycle, [body(b"data: 1\n\n", True)]))
+    assert len(transport.writes) == 1 and transport.writes[0].endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n")
+    asyncio.run(run(cycle, [body(b"data: [DONE]\n\n")]))
+    assert len(transport.writes) == 2 and transport.writes[1].endswith(b"0\r\n\r\n") and completed == [True]
+
+    cycle, transport, _, _ = make(ResponseCycle, "POST", True, DEFAULTS, DefaultHeaders())
+    asyncio.run(run(cycle, [start(200, [], hold=True), body(b"", True)]))
+    assert len(transport.writes) == 1 and transport.writes[0].endswith(b"\r\n\r\n")  # the head alone
 
 
 def test_a_disconnected_client_gets_nothing_more() -> None:

@@ -224,6 +224,32 @@ async def test_the_last_output_the_closing_frames_and_the_end_are_one_send() -> 
     assert send.bodies == [b"tok:[1]\n", b"closing\n" + DONE_FRAME] and send.ends == [False, True]
 
 
+async def test_the_head_goes_out_alone_if_no_output_comes_within_the_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server may hold the head until the first body message (HOLD_HEAD): with no output within HEAD_HOLD_S an
+    empty body message releases it, once; an output that comes first carries the head, and no empty one is sent."""
+    monkeypatch.setattr(PushStream, "HEAD_HOLD_S", 0.02)
+    stream, generation, metrics = setup(keepalive=10.0)
+    generation.last_output_at = time.monotonic()
+    send = FakeSend()
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0.1)
+    assert send.bodies == [b""] and send.ends == [False]  # once, not every HEAD_HOLD_S
+    stream.push(output(1, finish=FinishReason.STOP))
+    await asyncio.wait_for(task, 2)
+    assert send.bodies == [b"", b"tok:[1]\nclosing\n" + DONE_FRAME]
+
+    stream, generation, metrics = setup(keepalive=10.0)
+    generation.last_output_at = time.monotonic()
+    send = FakeSend()
+    task = asyncio.create_task(PushStream([generation], FakeFrames(), metrics).run(send))
+    await asyncio.sleep(0)
+    stream.push(output(1))
+    await asyncio.sleep(0.1)
+    stream.push(output(2, finish=FinishReason.STOP))
+    await asyncio.wait_for(task, 2)
+    assert b"" not in send.bodies and send.text == "tok:[1]\ntok:[2]\nclosing\n" + DONE_FRAME.decode()
+
+
 async def test_the_deadline_fails_the_stream_with_a_timeout_event() -> None:
     _, generation, metrics = setup(deadline=time.monotonic() + 0.03)
     send = FakeSend()
