@@ -6,8 +6,10 @@ default: ZMTP when it takes both addresses and passes its start-up check, else l
 
 The start-up check proves the one thing the ZMTP code cannot prove alone: that the libzmq the engines run talks to
 it. pyfront's own libzmq (pyzmq's) connects a DEALER and a PUSH, as vLLM's engines do, to a throwaway pair of our
-sockets on loopback; a registration-sized message goes each way, a long frame (a 64-bit size) comes back, and an
-output arrives. It takes a few milliseconds; any failure or a second without an answer means libzmq for this run.
+sockets of the engines' kind (ipc in a temporary directory when their addresses are ipc, so the check takes no TCP
+port; else TCP on loopback); a registration-sized message goes each way, a long frame (a 64-bit size) comes back,
+and an output arrives. It takes a few milliseconds; any failure or a second without an answer means libzmq for
+this run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 from collections.abc import Mapping
 
 import zmq
@@ -58,9 +61,9 @@ async def open_engine_sockets(
     if choice == "libzmq":
         return LibzmqSockets(ctx, input_address, output_address, on_output, on_disconnect, f"libzmq ({TRANSPORT_ENV})")
     try:
-        parse_address(input_address)
+        kind = parse_address(input_address)[0]
         parse_address(output_address)
-        problem = await check_against_libzmq(ctx)
+        problem = await check_against_libzmq(ctx, kind)
     except ValueError as exc:
         problem = str(exc)
     if problem is None:
@@ -75,10 +78,22 @@ async def open_engine_sockets(
     return LibzmqSockets(ctx, input_address, output_address, on_output, on_disconnect, f"libzmq ({problem})")
 
 
-async def check_against_libzmq(ctx: zmq.asyncio.Context) -> str | None:
-    """None if pyzmq's libzmq and `zmtp.py` exchange messages as engines and pyfront do; else what went wrong."""
+async def check_against_libzmq(ctx: zmq.asyncio.Context, kind: str = "tcp") -> str | None:
+    """None if pyzmq's libzmq and `zmtp.py` exchange messages as engines and pyfront do, over `kind` ("ipc" or
+    "tcp") sockets; else what went wrong.
+
+    ipc sockets go in a temporary directory: a TCP port 0 taken for a moment during start-up can be the very port a
+    test (or a script that picks free ports the same way) chose for the HTTP server, which then fails to bind.
+    """
+    if kind != "ipc":
+        return await _check(ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+    with tempfile.TemporaryDirectory(prefix="pyfront-check-") as tmp:
+        return await _check(ctx, f"ipc://{tmp}/in", f"ipc://{tmp}/out")
+
+
+async def _check(ctx: zmq.asyncio.Context, input_address: str, output_address: str) -> str | None:
     outputs: asyncio.Queue[list[bytes]] = asyncio.Queue()
-    sockets = await ZmtpSockets.open("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", outputs.put_nowait, _ignore, "check")
+    sockets = await ZmtpSockets.open(input_address, output_address, outputs.put_nowait, _ignore, "check")
     dealer = ctx.socket(zmq.DEALER)
     push = ctx.socket(zmq.PUSH)
     try:

@@ -5,9 +5,11 @@ stream, ROUTER routing, handover and disconnects, PULL fairness, and peers that 
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import random
 import socket
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -484,6 +486,7 @@ def test_the_choice_and_its_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     async def main() -> None:
         ctx = zmq.asyncio.Context()
         assert await check_against_libzmq(ctx) is None
+        assert await check_against_libzmq(ctx, "ipc") is None
         ipc = (f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
         inproc = ("inproc://a-in", "inproc://a-out")
         opened = [
@@ -497,7 +500,7 @@ def test_the_choice_and_its_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         with pytest.raises(ValueError, match="zmtp, but"):
             await open_engine_sockets(ctx, *inproc, lambda _: None, lambda _: None, "zmtp")
 
-        async def failing(_: zmq.asyncio.Context) -> str:
+        async def failing(_: zmq.asyncio.Context, kind: str) -> str:
             return "the start-up check got no answer"
 
         monkeypatch.setattr("pyfront.engine_client.transport.check_against_libzmq", failing)
@@ -514,6 +517,7 @@ def test_no_descriptor_is_left_behind(tmp_path: Path) -> None:
 
     async def main() -> None:
         ctx = zmq.asyncio.Context()
+        checks_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "pyfront-check-*")))
         for i in range(3):  # warm up: libzmq's own descriptors
             sockets = await open_engine_sockets(
                 ctx, f"ipc://{tmp_path}/w{i}-in", f"ipc://{tmp_path}/w{i}-out", lambda _: None, lambda _: None
@@ -528,6 +532,8 @@ def test_no_descriptor_is_left_behind(tmp_path: Path) -> None:
         await asyncio.sleep(0.1)
         assert len(os.listdir("/proc/self/fd")) <= before + 2
         assert os.listdir(tmp_path) == []  # the ipc paths are removed on close
+        checks_after = set(glob.glob(os.path.join(tempfile.gettempdir(), "pyfront-check-*")))
+        assert checks_after <= checks_before  # the ipc check's directory goes with it
         ctx.term()
 
     run(main)
