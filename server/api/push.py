@@ -81,8 +81,8 @@ class PushStream:
     `run` writes the whole body, its end included: the last frames go with the end of the body in one `send`
     (`more_body` False), so the server writes them and the chunked terminator in one piece. When the last
     choice ends with an engine output, that output's frames, the closing frames (usage, [DONE]) and the end go
-    out together from `on_output`: a short streamed answer is the head and one write, not four (the output's
-    frames, the closing frames and the terminator each had their own `send`, and so their own system call).
+    out together from `on_output`: with the head held, a short streamed answer is one write, not four (the head,
+    the output's frames, the closing frames and the terminator each had their own system call).
     """
 
     HEAD_HOLD_S = 0.1
