@@ -114,9 +114,11 @@ class Load:
 
     async def one(self, conn: Conn, body: bytes) -> tuple[str, str]:
         for attempt in range(2):
-            await conn.ensure()
-            reused = conn.used > 0
+            reused = conn.is_open and conn.used > 0  # what ensure() keeps is a kept-alive connection
             try:
+                # The connect is inside: a connection the kernel queued on the listener of an API server that is then
+                # killed (the listeners share the port) is reset, and that is a cut like any other.
+                await conn.ensure()
                 await conn.send("POST", "/v1/completions", body, accept="text/event-stream")
                 status, headers = await conn.read_head()
             except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
