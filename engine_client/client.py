@@ -666,11 +666,13 @@ class EngineClient:
 
     # ------------------------------------------------------------------ requests
 
-    async def _send(self, engine: EngineState, frames: list) -> None:
-        """Send `[type, payload, aux...]` to one engine; a vanished engine is marked dead at once."""
+    async def _send(self, engine: EngineState, frames: list, *, at_once: bool = False) -> None:
+        """Send `[type, payload, aux...]` to one engine; a vanished engine is marked dead at once.
+
+        `at_once`: see `EngineSockets.send`."""
         assert self._sockets is not None
         try:
-            self._sockets.send(engine.identity, frames)
+            self._sockets.send(engine.identity, frames, at_once=at_once)
         except EngineUnreachable:
             self._mark_dead(engine, "disconnected", "the engine process is gone (no connection has its identity)")
             raise EngineDeadError(f"engine rank {engine.rank} is gone") from None
@@ -734,9 +736,10 @@ class EngineClient:
         stream.prediction = prediction
         self._streams[request.request_id] = stream
         self._owner[request.request_id] = engine
+        idle = not engine.in_flight
         engine.in_flight.add(request.request_id)
         try:
-            await self._send(engine, frames)
+            await self._send(engine, frames, at_once=idle)
         except BaseException:
             self._forget(request.request_id)
             raise

@@ -43,8 +43,12 @@ class EngineSockets(Protocol):
     kind: str
     """Which transport, and why it was chosen (logged, and shown by tests)."""
 
-    def send(self, identity: bytes, frames: Sequence[Buffer]) -> None:
-        """One message to the engine with `identity`, without blocking; `EngineUnreachable` if it is gone."""
+    def send(self, identity: bytes, frames: Sequence[Buffer], *, at_once: bool = False) -> None:
+        """One message to the engine with `identity`, without blocking; `EngineUnreachable` if it is gone.
+
+        `at_once`: the caller knows that nothing will be batched with it (the engine has nothing else of ours in
+        flight), so a transport that gathers a turn's messages into one write sends this one now.
+        """
 
     async def recv_input(self) -> list[bytes]:
         """The next message on the input ROUTER (only registrations arrive there): `[identity, *frames]`."""

@@ -85,10 +85,10 @@ class LibzmqSockets:
             loop.create_task(self._monitor_loop(on_disconnect), name="pyfront-engine-monitor"),
         ]
 
-    def send(self, identity: bytes, frames: Sequence[Buffer]) -> None:
-        # Straight on the socket, not through zmq.asyncio's send (a future and poller work per message): with
-        # SNDHWM 0 a ROUTER send never blocks, so NOBLOCK only ever fails with EHOSTUNREACH (ROUTER_MANDATORY)
-        # for an engine that is gone.
+    def send(self, identity: bytes, frames: Sequence[Buffer], *, at_once: bool = False) -> None:
+        # Always at once (libzmq's I/O thread does the batching). Straight on the socket, not through zmq.asyncio's
+        # send (a future and poller work per message): with SNDHWM 0 a ROUTER send never blocks, so NOBLOCK only
+        # ever fails with EHOSTUNREACH (ROUTER_MANDATORY) for an engine that is gone.
         sock = self._input_now
         try:
             _send_now(sock, identity, _MORE_NOW, False)

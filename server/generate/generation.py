@@ -58,7 +58,6 @@ class Choice:
 
     index: int
     request_id: str
-    text: TextStream
     stream: RequestStream | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -86,6 +85,8 @@ class Choice:
     closer."""
     number: int = 0
     """The choice's index in the response: `index`, or for several completion prompts prompt * n + index."""
+    text: TextStream = field(init=False)
+    """Set by Generation.start once the engine requests are sent (read only after that)."""
 
 
 def usage_body(
@@ -148,9 +149,9 @@ class Generation:
         self.external_id = external_id
         internal = state.engine_ids(base_id)
         ids = [internal] if n == 1 else [f"{i}_{internal}" for i in range(n)]
-        tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
+        self._text_factory = text_factory
         owner = cast(Generation, weakref.proxy(self))  # see Choice.generation
-        self.choices = [Choice(i, rid, text_factory(tail), generation=owner, number=i) for i, rid in enumerate(ids)]
+        self.choices = [Choice(i, rid, generation=owner, number=i) for i, rid in enumerate(ids)]
         self.arrival = time.time()
         self.started = time.monotonic()
         self.first_token_at: float | None = None
@@ -158,7 +159,12 @@ class Generation:
         self.plan: OutputPlan | None = None
 
     async def start(self) -> None:
-        """Send every choice's engine request; n > 1 children share one set of block hashes."""
+        """Send every choice's engine request, then make the choices' text streams; n > 1 children share one set
+        of block hashes.
+
+        The text streams (a detokenizer each) are made after the sends: nothing reads them before the first
+        output, which can only arrive once this task waits, so the engine works while they are made.
+        """
         engine = self.engine
         hashes = self.prompt_block_hashes if engine.hasher is not None else None
         if hashes is None and len(self.choices) > 1 and engine.hasher is not None:
@@ -185,6 +191,9 @@ class Generation:
                 choice.stream = await engine.add_request(request, prompt_block_hashes=hashes, trusted=True)
                 hashed = choice.stream is not None and request.prompt_block_hashes is not None
                 self.state.metrics.sent(hashed)
+            tail = self.prompt_ids[-PROMPT_TAIL_TOKENS:]
+            for choice in self.choices:
+                choice.text = self._text_factory(tail)
         except BaseException:
             await self.abort()
             raise

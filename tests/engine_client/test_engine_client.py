@@ -13,9 +13,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -35,6 +36,8 @@ from pyfront.engine_client.client import (
 from pyfront.engine_client.handshake import HandshakeError
 from pyfront.engine_client.mock_engine import MockConfig, run_mock_engine
 from pyfront.engine_client.protocol import (
+    REQUEST_TYPE_ABORT,
+    REQUEST_TYPE_ADD,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -316,6 +319,38 @@ def test_long_prompts_are_encoded_off_the_event_loop(monkeypatch: pytest.MonkeyP
         assert [encoded_on[rid] == loop_thread for rid in lengths] == [True, True, False]
 
     with mock_threads(port, [0], advertise_feh=True):
+        asyncio.run(main())
+
+
+def test_a_request_to_an_idle_engine_is_sent_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`at_once` (see EngineSockets.send) for a request when its engine has nothing else of ours in flight only:
+    behind another one it is batched with the rest of the turn's messages, and aborts always are."""
+    port = free_port()
+    sent: list[tuple[bytes, bool]] = []
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=False) as client:
+            sockets = client._sockets
+            assert sockets is not None
+            original = sockets.send
+
+            def spy(identity: bytes, frames: Sequence[Any], *, at_once: bool = False) -> None:
+                sent.append((bytes(frames[0]), at_once))
+                original(identity, frames, at_once=at_once)
+
+            monkeypatch.setattr(sockets, "send", spy)
+            first = await client.add_request(make_request("first", max_tokens=50))
+            second = await client.add_request(make_request("second", max_tokens=50))
+            await client.abort(["second"])
+            await collect(first)
+            assert client.num_in_flight == 0
+            third = await client.add_request(make_request("third"))
+            await collect(third)
+            assert second.finished
+        add, abort = REQUEST_TYPE_ADD, REQUEST_TYPE_ABORT
+        assert sent == [(add, True), (add, False), (abort, False), (add, True)]
+
+    with mock_threads(port, [0]):
         asyncio.run(main())
 
 

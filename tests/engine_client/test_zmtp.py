@@ -244,6 +244,44 @@ def test_a_turn_s_messages_go_out_in_one_write_and_close_flushes() -> None:
     asyncio.run(main())
 
 
+def test_at_once_writes_now_unless_messages_are_queued() -> None:
+    """A request to an idle engine (`at_once`) is written in the call; behind queued messages it waits with them,
+    so the order on the wire is the order of the sends."""
+
+    class CountingTransport(FakeTransport):
+        writes = 0
+
+        def write(self, data: Any) -> None:
+            self.writes += 1
+            super().write(data)
+
+    async def main() -> None:
+        router = RouterSocket(lambda _: None)
+        connection = _Connection(router)
+        transport = CountingTransport()
+        connection.connection_made(transport)
+        connection.data_received(peer_stream([]))
+        await asyncio.sleep(0)
+        transport.written.clear()
+        transport.writes = 0
+        first, queued, behind = [b"\x00", b"first"], [b"\x00", b"queued"], [b"\x00", b"behind"]
+        router.send(b"\x01\x00", first, at_once=True)
+        assert transport.writes == 1
+        router.send(b"\x01\x00", queued)
+        router.send(b"\x01\x00", behind, at_once=True)
+        assert transport.writes == 1  # behind a queued message: the turn's flush writes both
+        await asyncio.sleep(0)
+        assert transport.writes == 2
+        expected: list[Any] = []
+        for message in (first, queued, behind):
+            encode_message(message, expected)
+        assert bytes(transport.written) == b"".join(bytes(p) for p in expected)
+        await asyncio.sleep(0)
+        assert transport.writes == 2  # the first write left nothing queued behind it
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------- against libzmq
 
 

@@ -363,7 +363,8 @@ def test_finish_reason_names_come_from_the_protocol(harness: Harness, reason: in
     generation.engine = mock.MagicMock()
     generation.first_token_at = generation.started = generation.last_output_at = time.monotonic()
     tokenizer = harness.app.state.serving.tokenizer  # type: ignore[attr-defined]
-    choice = serving.Choice(0, "r", TextStream(tokenizer.hf), generation=generation)
+    choice = serving.Choice(0, "r", generation=generation)
+    choice.text = TextStream(tokenizer.hf)
     generation.on_output(choice, EngineCoreOutput("r", [9707], finish_reason=reason))
     assert choice.finish_reason == finish_reason_name(reason)
     assert finish_reason_name(7) == "error"
