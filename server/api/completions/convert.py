@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from pyfront.engine_client.protocol import (
-    EngineCoreOutput,
-)
 from pyfront.server.chat.render import INLINE_RENDER_MAX_BYTES
 from pyfront.server.errors import APIError
 from pyfront.server.generate.generation import (
@@ -16,11 +13,10 @@ from pyfront.server.generate.generation import (
     Generation,
     LogprobRow,
     choice_rows,
-    fold_outputs,
+    fold_generations,
     prompt_logprobs,
     usage_body,
 )
-from pyfront.server.generate.merge import merge
 from pyfront.server.openai.types import (
     CompletionRequest,
     completion_prompts,
@@ -136,18 +132,9 @@ class CompletionBatch:
         details = (self.generations[0] if streamed else self.generations[-1]).prompt_tokens_details(chat=False)
         return usage_body(prompt, completion, details, None, nulls=not streamed)
 
-    def batches(self) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
-        """Every choice of every prompt, as Generation.batches(); `choice.generation` says whose it is."""
-        if len(self.generations) == 1:
-            return self.generations[0].batches()
-        return merge([g.batches() for g in self.generations])
-
     async def fold(self) -> None:
-        """Non-streamed: every output folded into its choice (Generation.fold for one prompt)."""
-        if len(self.generations) == 1:
-            await self.generations[0].fold()
-        else:
-            await fold_outputs(self.batches())
+        """Non-streamed: every output of every prompt folded into its choice (see fold_generations)."""
+        await fold_generations(self.generations)
 
 
 async def completion_full(

@@ -23,6 +23,7 @@ from pyfront.hashing import ALGORITHM, HashConfig, PromptHasher, block_hashes, d
 from pyfront.server.app import create_app
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import RequestValidationError
+from pyfront.server.generate.generation import Generation
 from pyfront.server.state import ServingState
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.fakes import DEFAULT_TOKENS, FakeEngine, Script, Step
@@ -208,6 +209,46 @@ async def test_the_deadline_aborts_a_request_the_engine_never_finishes(
     assert response.status_code == 504
     assert response.json()["error"]["code"] == 504
     assert engine.aborted == engine.added_ids
+
+
+async def test_non_streamed_outputs_are_folded_where_the_engine_routes_them(
+    state: ServingState, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation.fold listens to its streams: every output of a non-streamed answer is folded by the task that
+    routes the engine's outputs (the fake engine's stepper here), not by the handler's task woken per output."""
+    engine = use(state, FakeEngine())
+    folded_in: list[asyncio.Task[Any] | None] = []
+    original = Generation.on_output
+
+    def spy(self: Generation, choice: Any, output: EngineCoreOutput) -> str:
+        folded_in.append(asyncio.current_task())
+        return original(self, choice, output)
+
+    monkeypatch.setattr(Generation, "on_output", spy)
+    body = (await http.post("/v1/chat/completions", json=chat_body(max_tokens=6, n=2, temperature=1.0))).json()
+    assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
+    assert body["usage"]["completion_tokens"] == 12
+    assert len(folded_in) == 12 and set(folded_in) == {engine._stepper}
+    assert engine.num_in_flight == 0
+
+
+async def test_an_engine_that_dies_during_a_non_streamed_answer_is_a_5xx(
+    state: ServingState, http: httpx.AsyncClient
+) -> None:
+    engine = use(state, FakeEngine(held_open))
+
+    async def die_once_answering() -> None:
+        while not engine.num_in_flight:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        engine.die()
+
+    killer = asyncio.create_task(die_once_answering())
+    response = await http.post("/v1/chat/completions", json=chat_body())
+    await killer
+    assert response.status_code >= 500
+    assert set(response.json()) == {"error"}
+    assert engine.num_in_flight == 0
 
 
 async def test_a_request_without_an_engine_is_a_503(state: ServingState, http: httpx.AsyncClient) -> None:
