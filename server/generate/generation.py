@@ -455,10 +455,11 @@ async def fold_generations(generations: Sequence[Generation]) -> None:
     choice of every generation is done.
 
     Waking the task for each batch of outputs cost every output a future, a task step and a drain: on 64
-    concurrent non-streamed 128-token answers, front-end CPU per token went from 13.7-14.1 to 9.4-12.1 us without
-    them (benchmarks/README.md, stop 32). An error ends the wait with itself: an engine error's APIError, a failed
-    stream (a dead engine), the deadline (`DeadlineExceeded`, the earliest of the generations'); a stop string's
-    abort of its own choice does not (the choice is done by then). The caller aborts what is left on an error.
+    concurrent non-streamed 128-token answers, front-end CPU per token went from 13.7-18.1 to 9.4-12.5 us without
+    them (6 interleaved rounds, benchmarks/README.md, stop 32). An error ends the wait with itself: an engine
+    error's APIError, a failed stream (a dead engine), the deadline (`DeadlineExceeded`, the earliest of the
+    generations'); a stop string's abort of its own choice does not (the choice is done by then). The caller
+    aborts what is left on an error.
     """
     choices = [c for g in generations for c in g.choices if c.stream is not None]
     loop = asyncio.get_running_loop()
