@@ -494,6 +494,7 @@ async def scenario_seq(a: argparse.Namespace, host: str, port: int) -> dict[str,
         "latency_mean_s": statistics.fmean(lat),
         **w,
         "fe_cpu_s_per_request": w["fe_cpu_s"] / n,
+        "fe_cpu_precise_s_per_request": w["fe_cpu_precise_s"] / n,
         "records": sent_ids,
     }
 

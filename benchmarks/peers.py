@@ -13,8 +13,9 @@ mock) for each load, ``--repeats`` times, and stop both process groups. Figures 
 - one chat of T turns, each adding ~2k tokens of English prose: request written -> engine ADD (the mock's arrival
   log: when the ADD's frames came off its socket, before its decode; matched by the X-Request-Id every front end
   puts into the engine request id, else by order), at the last turn and the median of the last 11 turns.
-- one keep-alive connection, R sequential non-streamed requests with max_tokens 1: client latency p50 and front-end
-  CPU per request.
+- one keep-alive connection, R sequential non-streamed requests with max_tokens 1 (default 1000): client latency p50
+  and front-end CPU per request, the latter from the threads' schedstat (nanoseconds): /proc/PID/stat counts 10 ms
+  ticks, steps of 0.05 ms per request at 200 requests, as wide as the gaps this row compares.
 - C keep-alive connections (default 64) sending short non-streamed requests with max_tokens 1 one after the other,
   3000 in all: requests per second the front end's one core answers, and its CPU per request.
 - start (spawn) to the first ``/health`` 200, and RSS of the front end's processes after the warm-up. pyfront's
@@ -442,7 +443,8 @@ def summarize_repeat(r: dict[str, Any]) -> str:
         f"[other processes: {100 * r['foreign']:.0f}% of a core{' DISTURBED' if r['disturbed'] else ''}] "
         f"streams cpu/1k={fmt(s['fe_cpu_s_per_1k_tokens'], '.4f')} ttft_p50={ms(s['ttft_p50_s'])} "
         f"err={s['n_errors']} | chat last={ms(last)} tail={ms(tail)} err={c['n_errors']} ({c.get('match')}) | "
-        f"seq p50={ms(q['latency_p50_s'], 2)} cpu/req={ms(q['fe_cpu_s_per_request'], 2)} err={q['n_errors']}"
+        f"seq p50={ms(q['latency_p50_s'], 3)} cpu/req={ms(q.get('fe_cpu_precise_s_per_request'), 3)} "
+        f"err={q['n_errors']}"
     )
 
 
@@ -475,7 +477,7 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
     last = [chat_figures(r["chat"])[0] for r in reps]
     tail = [chat_figures(r["chat"])[1] for r in reps]
     seq_lat = [r["seq"]["latency_p50_s"] for r in reps]
-    seq_cpu = [r["seq"]["fe_cpu_s_per_request"] for r in reps]
+    seq_cpu = [r["seq"].get("fe_cpu_precise_s_per_request", r["seq"]["fe_cpu_s_per_request"]) for r in reps]
     rps = [r["rps"]["rps"] for r in reps if "rps" in r]
     rps_cpu = [r["rps"]["fe_cpu_s_per_request"] for r in reps if "rps" in r]
     return {
@@ -534,7 +536,7 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, f
         f"{t} (median over turns {max(1, t - 10)}-{t})",
         lambda p, r, f: f"{ms(f['add_last'][0])} ({ms(f['add_tail'][0])})")  # fmt: skip
     row(f"1 connection, {args.seq_requests} sequential requests with max_tokens 1: latency p50 / front-end CPU per "
-        "request", lambda p, r, f: f"{ms(f['seq_lat'][0], 2)} / {ms(f['seq_cpu'][0], 2)}")  # fmt: skip
+        "request (schedstat)", lambda p, r, f: f"{ms(f['seq_lat'][0], 3)} / {ms(f['seq_cpu'][0], 3)}")  # fmt: skip
     row(f"{args.rps_concurrency} connections, short requests with max_tokens 1: requests per second (front-end CPU "
         "per request)",
         lambda p, r, f: f"{f['rps'][0]:.0f}{spread(f['rps'][1], 1, '.0f')} ({ms(f['rps_cpu'][0], 2)})")  # fmt: skip
@@ -670,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     args.streams = args.streams or (32 if q else 256)
     args.stream_tokens = args.stream_tokens or (64 if q else 256)
     args.turns = args.turns or (10 if q else 50)
-    args.seq_requests = args.seq_requests or (20 if q else 200)
+    args.seq_requests = args.seq_requests or (20 if q else 1000)
     args.rps_requests = args.rps_requests or (300 if q else 3000)
     args.repeats = args.repeats or (1 if q else 3)
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]

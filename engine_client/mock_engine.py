@@ -17,7 +17,9 @@ token by token.
 
 Front-end block hashing: with `--advertise-feh` the registration carries `native_frontend_hash_config`,
 and every ADD's `prompt_block_hashes` is checked against the mock's own recomputation; the counts
-(used / missing / mismatched / unexpected) are readable with the utility `mock_stats`.
+(used / missing / mismatched / unexpected) are readable with the utility `mock_stats`. The check runs after the
+step that the ADD's arrival triggers, not before it: it is the mock's proof of the front end's hashes, not work a
+real FEH engine does (that one uses the hashes it is sent), so it must not sit in the front end's measured latency.
 
 Prefix caching (all opt-in, docs/engine-protocol.md#mock-engine): `--enable-prefix-caching` simulates vLLM's
 prefix cache over the feh1 block hashes (`--prefix-cache-blocks N`; `--hash-seed S` gives the engine the
@@ -282,6 +284,9 @@ class MockEngineRank:
         self.running: dict[str, _Running] = {}
         self.scripts: list[list[int]] = [list(tokens) for tokens in config.scripts]
         self.hash_counts = HashCounts()
+        self.unchecked: deque[EngineCoreRequest] = deque()
+        """ADDs whose hashes are not checked yet (check_pending: after the step, or when stats are read)."""
+        self._check_lock = threading.Lock()
         self.requests_received = 0
         self.recent: deque[EngineCoreRequest] = deque(maxlen=RECENT_REQUESTS)
         """The last ADDs as received (bounded), for in-process tests that check what the front end sent."""
@@ -422,7 +427,7 @@ class MockEngineRank:
             self.die("sentinel")
         self.requests_received += 1
         self.recent.append(request)
-        self.check_hashes(request)
+        self.unchecked.append(request)
         sp = request.sampling_params
         seed_source = f"{len(request.prompt_token_ids or ())}:{sum(request.prompt_token_ids or ())}"
         if sp is not None and sp.seed is not None:
@@ -553,6 +558,12 @@ class MockEngineRank:
             if events:
                 self.publisher.publish(events, time.time())
 
+    def check_pending(self) -> None:
+        """Check the hashes of every ADD received so far (the rank's thread after a step, or a stats reader's)."""
+        with self._check_lock:
+            while self.unchecked:
+                self.check_hashes(self.unchecked.popleft())
+
     def check_hashes(self, request: EngineCoreRequest) -> None:
         blob = request.prompt_block_hashes
         prompt = request.prompt_token_ids or []
@@ -582,6 +593,7 @@ class MockEngineRank:
             self.hash_counts.mismatched += 1
 
     def stats(self) -> dict[str, Any]:
+        self.check_pending()
         return {
             "rank": self.rank,
             "requests": self.requests_received,
@@ -842,6 +854,8 @@ class MockEngineRank:
                 next_step = max(next_step + interval, now)
             elif (due := self.next_first_token()) is not None and due <= now:
                 self.step(decode=False)
+            if self.unchecked:
+                self.check_pending()
 
 
 class MockEngine:

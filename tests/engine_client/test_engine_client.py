@@ -34,7 +34,7 @@ from pyfront.engine_client.client import (
     RequestAbortedError,
 )
 from pyfront.engine_client.handshake import HandshakeError
-from pyfront.engine_client.mock_engine import MockConfig, run_mock_engine
+from pyfront.engine_client.mock_engine import MockConfig, MockEngineRank, run_mock_engine
 from pyfront.engine_client.protocol import (
     REQUEST_TYPE_ABORT,
     REQUEST_TYPE_ADD,
@@ -319,6 +319,44 @@ def test_long_prompts_are_encoded_off_the_event_loop(monkeypatch: pytest.MonkeyP
         assert [encoded_on[rid] == loop_thread for rid in lengths] == [True, True, False]
 
     with mock_threads(port, [0], advertise_feh=True):
+        asyncio.run(main())
+
+
+def test_the_mock_checks_hashes_after_the_step_it_owes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An FEH mock with --step-on-arrival sends the ADD's first output before it recomputes the ADD's hashes (its
+    proof of the front end's, which a real FEH engine does not do): benchmarks time the front end, not that check.
+    The check still covers every ADD, a wrong blob included, by the time stats are read."""
+    port = free_port()
+    events: list[str] = []
+    original_send, original_check = MockEngineRank.send, MockEngineRank.check_hashes
+
+    def send(self: MockEngineRank, client_index: int, outputs: Any) -> None:
+        events.append("output")
+        original_send(self, client_index, outputs)
+
+    def check(self: MockEngineRank, request: EngineCoreRequest) -> None:
+        events.append("check")
+        original_check(self, request)
+
+    monkeypatch.setattr(MockEngineRank, "send", send)
+    monkeypatch.setattr(MockEngineRank, "check_hashes", check)
+
+    async def main() -> None:
+        async with client_for(port, 1, feh_enabled=True) as client:
+            for i in range(3):
+                events.clear()
+                tokens, _ = await collect(await client.add_request(make_request(f"s{i}", max_tokens=1)))
+                assert len(tokens) == 1
+                deadline = time.monotonic() + 5
+                while "check" not in events and time.monotonic() < deadline:
+                    await asyncio.sleep(0.001)
+                assert events[:2] == ["output", "check"]
+            wrong = make_request("wrong", max_tokens=1)
+            await collect(await client.add_request(wrong, prompt_block_hashes=b"FEH1" + bytes(4 + 32 * 3)))
+            stats = await engine_stats(client)
+        assert stats[0]["hashes_used"] == 3 and stats[0]["hashes_mismatched"] == 1
+
+    with mock_threads(port, [0], advertise_feh=True, step_on_arrival=True):
         asyncio.run(main())
 
 
