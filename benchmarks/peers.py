@@ -16,6 +16,9 @@ mock) for each load, ``--repeats`` times, and stop both process groups. Figures 
 - one keep-alive connection, R sequential non-streamed requests with max_tokens 1 (default 1000): client latency p50
   and front-end CPU per request, the latter from the threads' schedstat (nanoseconds): /proc/PID/stat counts 10 ms
   ticks, steps of 0.05 ms per request at 200 requests, as wide as the gaps this row compares.
+- the same sequential load with every peer up at once (each with its own mock), in rounds (default 10 of 300
+  requests per peer) whose peer order rotates: the machine's drift over the minutes of a run, larger than the gaps
+  this row compares, then falls on every peer alike. Medians over the rounds.
 - C keep-alive connections (default 64) sending short non-streamed requests with max_tokens 1 one after the other,
   3000 in all: requests per second the front end's one core answers, and its CPU per request.
 - start (spawn) to the first ``/health`` 200, and RSS of the front end's processes after the warm-up. pyfront's
@@ -311,29 +314,48 @@ def prime_tokenizer_snapshot(model: Path, env: dict[str, str]) -> dict[str, Any]
     return {"seconds": float(seconds), "mode": mode, "snapshot": snapshot}
 
 
+class Launch:
+    """A peer's front end and its mock engine, on fresh ports, not started yet (`start`)."""
+
+    def __init__(self, peer: str, args: argparse.Namespace, model: Path, pdir: Path, arrivals: Path, log: str) -> None:
+        self.peer, self.pdir, self.log = peer, pdir, log
+        self.rpc = eng.free_port()
+        self.http = eng.free_port()
+        while self.http == self.rpc:
+            self.http = eng.free_port()
+        self.fe_argv, self.fe_env = frontend_argv(peer, args, model, self.rpc, self.http)
+        self.m_argv = mock_argv(peer, args, self.rpc, arrivals)
+        self.fe: eng.Handle | None = None
+        self.mock: eng.Handle | None = None
+
+    def start(self) -> None:
+        self.fe = spawn(self.peer, self.fe_argv, FE_CORE, self.pdir / f"{self.log}frontend.log", self.rpc, self.http,
+                        self.fe_env)  # fmt: skip
+        self.mock = eng._spawn("mock", ["taskset", "-c", LOAD_CORE, *self.m_argv], self.pdir / f"{self.log}mock.log",
+                               self.rpc, None, {"PYTHONPATH": str(ROOT)}, True)  # fmt: skip
+
+    def handles(self) -> list[eng.Handle]:
+        return [h for h in (self.fe, self.mock) if h is not None]
+
+
 def run_peer(peer: str, args: argparse.Namespace, model: Path, out: Path, run_id: str) -> dict[str, Any]:
     pdir = out / peer
     pdir.mkdir(parents=True, exist_ok=True)
     arrivals = pdir / "arrivals.log"
     arrivals.unlink(missing_ok=True)
-    rpc = eng.free_port()
-    http = eng.free_port()
-    while http == rpc:
-        http = eng.free_port()
+    launch = Launch(peer, args, model, pdir, arrivals, "")
     res: dict[str, Any] = {"peer": peer, "version": peer_version(peer, args), "repeats": [], "notes": []}
-    fe_argv, fe_env = frontend_argv(peer, args, model, rpc, http)
-    m_argv = mock_argv(peer, args, rpc, arrivals)
-    res["frontend_cmd"] = " ".join(["taskset", "-c", FE_CORE, *fe_argv])
-    res["mock_cmd"] = " ".join(["taskset", "-c", LOAD_CORE, *m_argv])
+    res["frontend_cmd"] = " ".join(["taskset", "-c", FE_CORE, *launch.fe_argv])
+    res["mock_cmd"] = " ".join(["taskset", "-c", LOAD_CORE, *launch.m_argv])
     fe = mock = None
     t_start = time.monotonic()
     if peer.startswith("pyfront"):
-        res["tokenizer_snapshot"] = prime_tokenizer_snapshot(model, fe_env)
+        res["tokenizer_snapshot"] = prime_tokenizer_snapshot(model, launch.fe_env)
     try:
         t0 = time.monotonic()
-        fe = spawn(peer, fe_argv, FE_CORE, pdir / "frontend.log", rpc, http, fe_env)
-        mock = eng._spawn("mock", ["taskset", "-c", LOAD_CORE, *m_argv], pdir / "mock.log", rpc, None,
-                          {"PYTHONPATH": str(ROOT)}, True)  # fmt: skip
+        launch.start()
+        fe, mock = launch.fe, launch.mock
+        assert fe is not None and mock is not None
         eng.wait_healthy(fe, timeout=args.health_timeout, also_alive=[mock])
         res["startup_s"] = time.monotonic() - t0
         res["rss_at_health_mb"] = group_rss_mb(fe.pgid)
@@ -424,6 +446,72 @@ def run_peer(peer: str, args: argparse.Namespace, model: Path, out: Path, run_id
     return res
 
 
+def run_interleaved_seq(peers: list[str], args: argparse.Namespace, model: Path, out: Path, run_id: str) -> dict:
+    """The sequential row again, with every peer up at once and their turns interleaved.
+
+    The sequential row compares per-request costs a few percent apart, and this VM's speed drifts by more than that
+    over the minute that separates one peer's portion from the next. Here every peer's front end (core 0) and mock
+    (core 1) run side by side, idle except for their turn; each of `--seq-rounds` rounds runs `--seq-round-requests`
+    sequential requests on every peer, in an order that rotates by one peer each round, so a drift of the machine
+    falls on every peer alike. Figures per peer: the per-round latency p50 and front-end CPU per request (schedstat),
+    their medians over the rounds reported.
+    """
+    launches: dict[str, Launch] = {}
+    res: dict[str, Any] = {"rounds": [], "notes": []}
+    try:
+        for peer in peers:
+            pdir = out / peer
+            arrivals = pdir / "interleaved-arrivals.log"
+            arrivals.unlink(missing_ok=True)
+            launches[peer] = launch = Launch(peer, args, model, pdir, arrivals, "interleaved-")
+            launch.start()
+        common: dict[str, list[str]] = {}
+        for peer, launch in launches.items():
+            assert launch.fe is not None and launch.mock is not None
+            eng.wait_healthy(launch.fe, timeout=args.health_timeout, also_alive=[launch.mock])
+            url = f"http://127.0.0.1:{launch.http}"
+            models = json.loads(urllib.request.urlopen(f"{url}/v1/models", timeout=30).read())
+            common[peer] = ["--url", url, "--model", models["data"][0]["id"], "--fe-pgid",
+                            str(launch.fe.pgid), "--mock-pgid", str(launch.mock.pgid)]  # fmt: skip
+            run_loadgen("warmup", [*common[peer], "--tag", f"pb{run_id}w"], 300)
+        time.sleep(args.settle)
+        for rnd in range(args.seq_rounds):
+            order = peers[rnd % len(peers) :] + peers[: rnd % len(peers)]
+            row: dict[str, Any] = {"order": order}
+            for peer in order:
+                q = run_loadgen(
+                    "seq",
+                    [*common[peer], "--tag", f"pb{run_id}i{rnd:02d}", "--requests", str(args.seq_round_requests),
+                     "--max-tokens", "1"],
+                    300,
+                )  # fmt: skip
+                q.pop("records", None)
+                row[peer] = {
+                    "latency_p50_s": q["latency_p50_s"],
+                    "fe_cpu_s_per_request": q["fe_cpu_precise_s_per_request"],
+                    "n_errors": q["n_errors"],
+                    "foreign": foreign_share(q),
+                }
+            res["rounds"].append(row)
+            print(f"  round {rnd + 1}: " + ", ".join(
+                f"{p} {ms(row[p]['latency_p50_s'], 3)} / {ms(row[p]['fe_cpu_s_per_request'], 3)}" for p in peers
+            ), flush=True)  # fmt: skip
+    except Exception as exc:  # reported in the table notes
+        res["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for launch in launches.values():
+            for h in launch.handles():
+                with contextlib.suppress(Exception):
+                    eng.stop(h, grace=10)
+    return res
+
+
+def interleaved_figures(res: dict[str, Any], peer: str) -> tuple[list[float | None], list[float | None]]:
+    """(latency p50s, CPU per request) of `peer` over the interleaved rounds."""
+    rounds = [r[peer] for r in res.get("rounds", []) if peer in r and not r[peer]["n_errors"]]
+    return [r["latency_p50_s"] for r in rounds], [r["fe_cpu_s_per_request"] for r in rounds]
+
+
 # ------------------------------------------------------------------------------------------------ figures
 
 
@@ -492,7 +580,9 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, facts: dict[str, Any]) -> str:
+def print_report(
+    results: dict[str, dict[str, Any]], args: argparse.Namespace, facts: dict[str, Any], interleaved: dict[str, Any]
+) -> str:
     lines: list[str] = []
     w = lines.append
     peers = [p for p in PEER_ORDER if p in results]
@@ -537,6 +627,18 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, f
         lambda p, r, f: f"{ms(f['add_last'][0])} ({ms(f['add_tail'][0])})")  # fmt: skip
     row(f"1 connection, {args.seq_requests} sequential requests with max_tokens 1: latency p50 / front-end CPU per "
         "request (schedstat)", lambda p, r, f: f"{ms(f['seq_lat'][0], 3)} / {ms(f['seq_cpu'][0], 3)}")  # fmt: skip
+    if interleaved.get("rounds"):
+
+        def interleaved_cell(p: str, r: dict[str, Any], f: dict[str, Any]) -> str:
+            lat, cpu = interleaved_figures(interleaved, p)
+            if not lat:
+                return "-"
+            return (f"{ms(med(lat), 3)}{spread(lat, 1000, '.3f')} / "
+                    f"{ms(med(cpu), 3)}{spread(cpu, 1000, '.3f')}")  # fmt: skip
+
+        row(f"the same, every peer up at once and their turns interleaved: {len(interleaved['rounds'])} rounds of "
+            f"{args.seq_round_requests} sequential requests per peer; median of the rounds' latency p50 / front-end "
+            "CPU per request", interleaved_cell)  # fmt: skip
     row(f"{args.rps_concurrency} connections, short requests with max_tokens 1: requests per second (front-end CPU "
         "per request)",
         lambda p, r, f: f"{f['rps'][0]:.0f}{spread(f['rps'][1], 1, '.0f')} ({ms(f['rps_cpu'][0], 2)})")  # fmt: skip
@@ -615,6 +717,16 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace, f
                 w(f"      {line}")
         if r.get("mock_log_problems"):
             w("    mock log warnings: " + " | ".join(r["mock_log_problems"][:4]))
+    if interleaved:
+        w("- interleaved sequential rounds (latency p50 / front-end CPU per request; others' share of a core):")
+        if interleaved.get("error"):
+            w(f"    ERROR: {interleaved['error']}")
+        for i, rnd in enumerate(interleaved.get("rounds", [])):
+            w(f"    round {i + 1}: " + ", ".join(
+                f"{p} {ms(rnd[p]['latency_p50_s'], 3)} / {ms(rnd[p]['fe_cpu_s_per_request'], 3)}; "
+                f"{100 * rnd[p]['foreign']:.0f}%" + (f", {rnd[p]['n_errors']} errors" if rnd[p]["n_errors"] else "")
+                for p in rnd["order"]
+            ))  # fmt: skip
     text = "\n".join(lines)
     print(text, flush=True)
     return text
@@ -646,6 +758,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turn-tokens", type=int, default=2000)
     p.add_argument("--chat-tokens", type=int, default=8)
     p.add_argument("--seq-requests", type=int, default=None)
+    p.add_argument(
+        "--seq-rounds", type=int, default=None, help="rounds of the interleaved sequential row (default 10; 0: none)"
+    )
+    p.add_argument("--seq-round-requests", type=int, default=None, help="requests per peer and round (default 300)")
     p.add_argument("--rps-requests", type=int, default=None, help="requests of the rps row (default 3000)")
     p.add_argument("--rps-concurrency", type=int, default=64)
     p.add_argument("--settle", type=float, default=1.0, help="idle pause between loads, s")
@@ -673,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
     args.stream_tokens = args.stream_tokens or (64 if q else 256)
     args.turns = args.turns or (10 if q else 50)
     args.seq_requests = args.seq_requests or (20 if q else 1000)
+    args.seq_rounds = (2 if q else 10) if args.seq_rounds is None else args.seq_rounds
+    args.seq_round_requests = args.seq_round_requests or (20 if q else 300)
     args.rps_requests = args.rps_requests or (300 if q else 3000)
     args.repeats = args.repeats or (1 if q else 3)
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]
@@ -709,12 +827,21 @@ def main(argv: list[str] | None = None) -> int:
         r = results[peer]
         print(f"  {peer} done in {r.get('elapsed_s', 0):.0f} s" + (f"; ERROR {r['error']}" if r.get("error") else ""),
               flush=True)  # fmt: skip
+    ran = [p for p in PEER_ORDER if p in results and not results[p].get("skipped") and not results[p].get("error")]
+    interleaved: dict[str, Any] = {}
+    if args.seq_rounds and len(ran) > 1:
+        print(f"sequential requests, {', '.join(ran)} interleaved ...", flush=True)
+        interleaved = run_interleaved_seq(ran, args, model, out, run_id)
+        if interleaved.get("error"):
+            print(f"  ERROR {interleaved['error']}", flush=True)
     print()
-    text = print_report(results, args, facts)
+    text = print_report(results, args, facts, interleaved)
     (out / "report.md").write_text(text + "\n")
     (out / "results.json").write_text(json.dumps({"facts": facts, "args": {k: str(v) for k, v in vars(args).items()},
-                                                  "results": results}, indent=1))  # fmt: skip
-    return 0 if all(not r.get("error") for r in results.values()) else 1
+                                                  "results": results, "interleaved_seq": interleaved},
+                                                 indent=1))  # fmt: skip
+    failed = any(r.get("error") for r in results.values()) or interleaved.get("error")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
