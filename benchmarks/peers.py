@@ -457,11 +457,12 @@ def run_interleaved_seq(peers: list[str], args: argparse.Namespace, model: Path,
     their medians over the rounds reported.
     """
     launches: dict[str, Launch] = {}
+    arrival_logs: dict[str, Path] = {}
     res: dict[str, Any] = {"rounds": [], "notes": []}
     try:
         for peer in peers:
             pdir = out / peer
-            arrivals = pdir / "interleaved-arrivals.log"
+            arrival_logs[peer] = arrivals = pdir / "interleaved-arrivals.log"
             arrivals.unlink(missing_ok=True)
             launches[peer] = launch = Launch(peer, args, model, pdir, arrivals, "interleaved-")
             launch.start()
@@ -481,20 +482,22 @@ def run_interleaved_seq(peers: list[str], args: argparse.Namespace, model: Path,
             for peer in order:
                 q = run_loadgen(
                     "seq",
-                    [*common[peer], "--tag", f"pb{run_id}i{rnd:02d}", "--requests", str(args.seq_round_requests),
+                    [*common[peer], "--tag", f"pb{run_id}r{rnd:02d}", "--requests", str(args.seq_round_requests),
                      "--max-tokens", "1"],
                     300,
                 )  # fmt: skip
-                q.pop("records", None)
+                add = add_latencies(q.pop("records", []), add_times(read_arrivals(arrival_logs[peer])))
                 row[peer] = {
                     "latency_p50_s": q["latency_p50_s"],
+                    "add_p50_s": statistics.median(add) if add else None,
                     "fe_cpu_s_per_request": q["fe_cpu_precise_s_per_request"],
                     "n_errors": q["n_errors"],
                     "foreign": foreign_share(q),
                 }
             res["rounds"].append(row)
             print(f"  round {rnd + 1}: " + ", ".join(
-                f"{p} {ms(row[p]['latency_p50_s'], 3)} / {ms(row[p]['fe_cpu_s_per_request'], 3)}" for p in peers
+                f"{p} {ms(row[p]['latency_p50_s'], 3)} / {ms(row[p]['fe_cpu_s_per_request'], 3)} (send->ADD "
+                f"{ms(row[p]['add_p50_s'], 3)})" for p in peers
             ), flush=True)  # fmt: skip
     except Exception as exc:  # reported in the table notes
         res["error"] = f"{type(exc).__name__}: {exc}"
@@ -718,12 +721,14 @@ def print_report(
         if r.get("mock_log_problems"):
             w("    mock log warnings: " + " | ".join(r["mock_log_problems"][:4]))
     if interleaved:
-        w("- interleaved sequential rounds (latency p50 / front-end CPU per request; others' share of a core):")
+        w("- interleaved sequential rounds (latency p50 / front-end CPU per request / send->ADD p50; others' share "
+          "of a core):")  # fmt: skip
         if interleaved.get("error"):
             w(f"    ERROR: {interleaved['error']}")
         for i, rnd in enumerate(interleaved.get("rounds", [])):
             w(f"    round {i + 1}: " + ", ".join(
-                f"{p} {ms(rnd[p]['latency_p50_s'], 3)} / {ms(rnd[p]['fe_cpu_s_per_request'], 3)}; "
+                f"{p} {ms(rnd[p]['latency_p50_s'], 3)} / {ms(rnd[p]['fe_cpu_s_per_request'], 3)} / "
+                f"{ms(rnd[p].get('add_p50_s'), 3)}; "
                 f"{100 * rnd[p]['foreign']:.0f}%" + (f", {rnd[p]['n_errors']} errors" if rnd[p]["n_errors"] else "")
                 for p in rnd["order"]
             ))  # fmt: skip
