@@ -21,5 +21,8 @@ and the first event are one write (one system call). The application sends a bod
 when the head must go out without an event; server/api/push.py does within ``PushStream.HEAD_HOLD_S``."""
 
 
+WhenDisconnected = Callable[[Callable[[], object] | None], None]
+
+
 class Disconnect(TypedDict):
-    when_disconnected: Callable[[Callable[[], object] | None], None]
+    when_disconnected: WhenDisconnected

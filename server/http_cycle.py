@@ -32,7 +32,7 @@ leaves uvicorn's cycle as it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import uvicorn
@@ -147,49 +147,7 @@ class ResponseCycle(RequestResponseCycle):
         if not self.response_started:
             if message["type"] != "http.response.start":
                 raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{message['type']}'.")
-            self.response_started = True
-            self.waiting_for_100_continue = False
-            status_code = message["status"]
-            if self.access_log:
-                self.access_logger.info(
-                    '%s - "%s %s HTTP/%s" %d',
-                    get_client_addr(self.scope),
-                    self.scope["method"],
-                    get_path_with_query_string(self.scope),
-                    self.scope["http_version"],
-                    status_code,
-                )
-            defaults = self._defaults.get(self.default_headers)
-            headers = message.get("headers", ())
-            if defaults is None:
-                defaults, headers = b"", [*self.default_headers, *headers]
-            content: list[bytes] = [STATUS_LINE[status_code], defaults]
-            has_connection_close = False
-            for name, value in headers:
-                if HEADER_RE.search(name):
-                    raise RuntimeError("Invalid HTTP header name.")
-                if HEADER_VALUE_RE.search(value):
-                    raise RuntimeError("Invalid HTTP header value.")
-                name = name.lower()
-                if name == b"content-length" and self.chunked_encoding is None:
-                    self.expected_content_length = int(value.decode())
-                    self.chunked_encoding = False
-                elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                    self.expected_content_length = 0
-                    self.chunked_encoding = True
-                elif name == b"connection":
-                    connection = [token.lower().strip() for token in value.split(b",")]
-                    if b"close" in connection:
-                        self.keep_alive = False
-                        has_connection_close = True
-                content.extend([name, b": ", value, b"\r\n"])
-            if not self.keep_alive and not has_connection_close:
-                content.append(b"connection: close\r\n")
-            if self.chunked_encoding is None and self.scope["method"] != "HEAD" and status_code not in (204, 304):
-                self.chunked_encoding = True
-                content.append(b"transfer-encoding: chunked\r\n")
-            content.append(b"\r\n")
-            head = b"".join(content)
+            head = self._head(message["status"], message.get("headers", ()))
             if self.chunked_encoding is False and self.expected_content_length > 0 and self.scope["method"] != "HEAD":
                 self._held_head = head  # written with the body, the next message
             elif self.chunked_encoding and message.get(HOLD_HEAD):
@@ -230,14 +188,82 @@ class ResponseCycle(RequestResponseCycle):
             if not more_body:
                 if self.expected_content_length != 0:
                     raise RuntimeError("Response content shorter than Content-Length")
-                self.response_complete = True
-                self.message_event.set()
-                if not self.keep_alive:
-                    self.transport.close()
-                self.on_response()
+                self._complete()
 
         else:
             raise RuntimeError(f"Unexpected ASGI message '{message['type']}' sent, after response already completed.")
+
+    async def send_whole(self, status_code: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
+        """`send` of a start message and of a body message that ends the response, without the two messages.
+
+        The direct exchange's (server/http_direct.py) non-streamed answers. Exactly what the two calls of
+        `send` do with a response that declares its length: the same head, the same checks, one write.
+        """
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        if self.response_started:
+            raise RuntimeError("Unexpected ASGI message 'http.response.start' sent, after response already started.")
+        head = self._head(status_code, headers)
+        if self.chunked_encoding is not False or self.expected_content_length != len(body):
+            self.transport.write(head)
+            raise RuntimeError("send_whole needs a Content-Length equal to the body's length")
+        self.expected_content_length = 0
+        self.transport.write(head + body if self.scope["method"] != "HEAD" else head)
+        self._complete()
+
+    def _head(self, status_code: int, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+        """Start the response: the access line, and its status line and headers as bytes (uvicorn's start)."""
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        if self.access_log:
+            self.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(self.scope),
+                self.scope["method"],
+                get_path_with_query_string(self.scope),
+                self.scope["http_version"],
+                status_code,
+            )
+        defaults = self._defaults.get(self.default_headers)
+        if defaults is None:
+            defaults, headers = b"", [*self.default_headers, *headers]
+        content: list[bytes] = [STATUS_LINE[status_code], defaults]
+        has_connection_close = False
+        for name, value in headers:
+            if HEADER_RE.search(name):
+                raise RuntimeError("Invalid HTTP header name.")
+            if HEADER_VALUE_RE.search(value):
+                raise RuntimeError("Invalid HTTP header value.")
+            name = name.lower()
+            if name == b"content-length" and self.chunked_encoding is None:
+                self.expected_content_length = int(value.decode())
+                self.chunked_encoding = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_content_length = 0
+                self.chunked_encoding = True
+            elif name == b"connection":
+                connection = [token.lower().strip() for token in value.split(b",")]
+                if b"close" in connection:
+                    self.keep_alive = False
+                    has_connection_close = True
+            content.extend([name, b": ", value, b"\r\n"])
+        if not self.keep_alive and not has_connection_close:
+            content.append(b"connection: close\r\n")
+        if self.chunked_encoding is None and self.scope["method"] != "HEAD" and status_code not in (204, 304):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        return b"".join(content)
+
+    def _complete(self) -> None:
+        """The response's last byte is written (uvicorn's end of a response)."""
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
 
     def _write_held_head(self) -> None:
         """The application broke the protocol after the head: it goes out as uvicorn would have sent it."""

@@ -28,6 +28,7 @@ text). The fast path costs a clock read per request and a length comparison per 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from dataclasses import dataclass
 from typing import Any, cast
@@ -43,6 +44,7 @@ from pyfront.server.access_log import AccessLine
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import error_body
 from pyfront.server.http_cycle import DefaultHeaders, ResponseCycle, unverified_reason
+from pyfront.server.http_direct import DirectCycle, DirectLane, direct_lane, takes
 
 logger = logging.getLogger("pyfront.server")
 
@@ -98,6 +100,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """The server's access logger (server/access_log.py), shared by its connections."""
     response_cycle: bool
     """Whether cycles are ResponseCycles (server/http_cycle.py: the installed uvicorn is one it was read against)."""
+    direct: DirectLane | None
+    """The fast lane's routes as the direct exchange answers them (server/http_direct.py); None: all go the ASGI way."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.response_cycle:
@@ -116,6 +120,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._discarding = False
         """Refused: what the client still sends is dropped until the connection closes."""
+        self._direct = self.direct if self.limit_concurrency is None and not self.root_path else None
+        """The direct lane, unless uvicorn is told to refuse requests over a limit or to serve under a root path."""
         self._start_clock()  # a connection that never sends a request is closed too
 
     def _connection_made(self, transport: asyncio.Transport) -> None:
@@ -212,6 +218,46 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             cast(ResponseCycle, cycle).adopt(self._default_headers)
         super()._start_asgi_task(cycle, app)
 
+    def _direct_cycle(self, direct: DirectLane, path: str) -> None:
+        """Make the cycle of a request of the direct exchange (server/http_direct.py): uvicorn's end of headers
+        (0.55, checked with the response cycle) for a POST to `path` with no cycle in progress and no concurrency
+        limit. Its task starts once the body is in (`on_message_complete`), or now with a refusal from the lane's
+        middleware."""
+        scope = self.scope
+        scope["method"] = "POST"
+        http_version = self.parser.get_http_version()
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = path
+        scope["raw_path"] = self.url
+        scope["query_string"] = b""
+        cycle = DirectCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        cycle.adopt(self._default_headers)
+        cycle.adopt_direct(direct)
+        self.cycle = cycle
+        cycle.refusal = direct.refusal(path, self.headers)
+        if cycle.refusal is not None:
+            self._start_direct(cycle)
+
+    def _start_direct(self, cycle: DirectCycle) -> None:
+        """uvicorn's `_start_asgi_task`, without its done callback (DirectCycle.run)."""
+        cycle.started = True
+        context = contextvars.Context() if self.config.reset_contextvars else None
+        cycle.task = task = self.loop.create_task(cycle.run(self.tasks), context=context)
+        self.tasks.add(task)
+
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
@@ -225,10 +271,36 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             raise _TooManyHeaders
         self._in_head = False
         self._heads_read += 1
+        direct = self._direct
+        if (
+            direct is not None
+            and (path := direct.paths.get(self.url)) is not None
+            and self.parser.get_method() == b"POST"
+            and (self.cycle is None or self.cycle.response_complete)  # else uvicorn queues it (pipelining)
+            and not self.expect_100_continue
+            and not self.parser.should_upgrade()
+            and takes(self.headers, self.config.proxy_headers)
+        ):
+            self._direct_cycle(direct, path)
+            return
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is DirectCycle:
+            if not cycle.started and not cycle.gather(body):
+                self._start_direct(cycle)  # the body limit's 413, while the client is still sending
+            return
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        cycle = self.cycle
+        if type(cycle) is DirectCycle:
+            if not cycle.started:
+                cycle.more_body = False
+                self._start_direct(cycle)
+        else:
+            super().on_message_complete()
         self._deadline = None
         self._in_head = True
         self._head_bytes = 0
@@ -316,11 +388,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_S, self.transport.close)
 
 
-def protocol_class(limits: ReadLimits) -> type[LimitedHttpToolsProtocol]:
+def protocol_class(limits: ReadLimits, app: object = None) -> type[LimitedHttpToolsProtocol]:
     """The protocol for uvicorn's `http=`: uvicorn builds it with its own arguments, so the limits (and the
-    server's access logger) ride on a class."""
+    server's access logger, and the direct lane of `app`, the application it serves) ride on a class."""
     reason = unverified_reason()
     if reason is not None:
         logger.warning("responses are written by uvicorn's own cycle: %s", reason)
-    attributes = {"limits": limits, "access_line": AccessLine(), "response_cycle": reason is None}
+    direct = direct_lane(app) if reason is None and app is not None else None
+    attributes = {"limits": limits, "access_line": AccessLine(), "response_cycle": reason is None, "direct": direct}
     return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), attributes)

@@ -181,7 +181,7 @@ def build_uvicorn_config(app: ASGIApp, config: ServerConfig) -> uvicorn.Config:
         log_level=config.uvicorn_log_level,
         access_log=not config.disable_uvicorn_access_log,
         loop="uvloop",
-        http=protocol_class(ReadLimits.from_config(config)),
+        http=protocol_class(ReadLimits.from_config(config), app),
         ws="none",  # no WebSocket routes: an Upgrade request is plain HTTP, not a handshake refused without a body
         timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
     )

@@ -28,7 +28,7 @@ from pyfront.server.errors import (
     error_response_for,
     sse_error_frame,
 )
-from pyfront.server.extensions import DISCONNECT, Disconnect
+from pyfront.server.extensions import DISCONNECT, Disconnect, WhenDisconnected
 from pyfront.server.state import ServingState
 
 _Handler = Callable[[ServingState, ServerConfig, bytes, RequestHeaders], Coroutine[Any, Any, Response]]
@@ -57,25 +57,50 @@ class FastLane:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = self.state
         try:
             raw = await read_body(receive)
-            if raw is None:
-                return  # the client left before sending its body
-            handler = self.handlers[scope["path"]](state, self.config, raw, RequestHeaders(scope))
-            response = await _unless_client_leaves(handler, receive, scope)
-            if response is None:
-                return  # the client left while its answer was being made: the handler was cancelled
+        except Exception as exc:  # the body limit's 413 (BodyTooLarge)
+            await exception_response(self.state, exc, scope["path"])(scope, receive, send)
+            return
+        if raw is None:
+            return  # the client left before sending its body
+        extension: Disconnect | None = (scope.get("extensions") or {}).get(DISCONNECT)
+        when_disconnected = extension["when_disconnected"] if extension is not None else None
+        response = await self.answer(scope["path"], raw, scope["headers"], when_disconnected, receive)
+        if response is not None:
+            await response(scope, receive, send)
+
+    async def answer(
+        self,
+        path: str,
+        raw: bytes,
+        headers: list[tuple[bytes, bytes]],
+        when_disconnected: WhenDisconnected | None,
+        receive: Receive,
+        task: asyncio.Task[Any] | None = None,
+    ) -> Response | None:
+        """The response to a POST to `path` with body `raw`; None if the client left while it was being made.
+
+        What the lane does once a body is read, for its ASGI entry above and for `pyfront serve`'s direct
+        exchange (server/http_direct.py), which reads the body itself and passes the `task` it runs in (asking
+        asyncio for the current task is a system call, getpid, on every request).
+        """
+        state = self.state
+        try:
+            handler = self.handlers[path](state, self.config, raw, RequestHeaders(headers))
+            return await _unless_client_leaves(handler, when_disconnected, receive, task)
         except Exception as exc:
-            response = exception_response(state, exc, scope["path"])
-        await response(scope, receive, send)
+            return exception_response(state, exc, path)
 
 
 _CLIENT_LEFT = "pyfront: the client disconnected"
 
 
 async def _unless_client_leaves(
-    handler: Coroutine[Any, Any, Response], receive: Receive, scope: Scope
+    handler: Coroutine[Any, Any, Response],
+    when_disconnected: WhenDisconnected | None,
+    receive: Receive,
+    task: asyncio.Task[Any] | None,
 ) -> Response | None:
     """Run `handler`, cancelling it if the client disconnects first (vLLM's `with_cancellation`).
 
@@ -86,12 +111,14 @@ async def _unless_client_leaves(
     releases its admission in its own clean-up (Generation.abort, the `finally` that releases). A
     streamed answer is returned at once, and the SSE response watches for the disconnect from then on.
 
-    How the disconnect is seen: `pyfront serve`'s server calls back when the connection is lost (its
-    scope extension, server/extensions.py); any other server tells it only as the next `receive`
-    message (the body has been read, so that is the disconnect), which a watcher task waits for.
+    How the disconnect is seen: `pyfront serve`'s server calls back when the connection is lost
+    (`when_disconnected`, its scope extension: server/extensions.py); any other server tells it only as
+    the next `receive` message (the body has been read, so that is the disconnect), which a watcher task
+    waits for.
     """
-    task = asyncio.current_task()
-    assert task is not None
+    if task is None:
+        task = asyncio.current_task()
+        assert task is not None
     left = False
 
     def leave() -> None:
@@ -99,8 +126,6 @@ async def _unless_client_leaves(
         left = True
         task.cancel(_CLIENT_LEFT)
 
-    extension: Disconnect | None = (scope.get("extensions") or {}).get(DISCONNECT)
-    when_disconnected = extension["when_disconnected"] if extension is not None else None
     watcher = None
     if when_disconnected is not None:
         when_disconnected(leave)
@@ -163,10 +188,10 @@ class PyfrontApp(FastAPI):
                 return
             await super().__call__(scope, receive, send)
         except asyncio.CancelledError as exc:
-            reason = _SHUTDOWN_CANCELS.get(exc.args[0]) if exc.args and scope["type"] == "http" else None
+            reason = shutdown_reason(exc, scope)
             if reason is None:
                 raise
-            await _end_cut_response(scope, send, reason)
+            await end_cut_response(scope, send, reason)
 
 
 _SHUTDOWN_CANCELS = {
@@ -180,7 +205,12 @@ requests it cuts end here quietly, instead of as one "Exception in ASGI applicat
 """
 
 
-async def _end_cut_response(scope: Scope, send: Send, reason: str) -> None:
+def shutdown_reason(exc: asyncio.CancelledError, scope: Scope) -> str | None:
+    """Why a shutdown cut the request of `scope` (None: `exc` is no shutdown's cancel, it goes on up)."""
+    return _SHUTDOWN_CANCELS.get(exc.args[0]) if exc.args and scope["type"] == "http" else None
+
+
+async def end_cut_response(scope: Scope, send: Send, reason: str) -> None:
     """End a request cut by shutdown: a 503 if nothing was sent yet, else an SSE error event and the end of the body.
 
     The server's `send` says which: it refuses a second response start.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from starlette.types import Receive, Scope
+from starlette.types import Receive
 
 logger = logging.getLogger("pyfront.server")
 
@@ -40,11 +40,11 @@ class RequestHeaders:
 
     __slots__ = ("data_parallel_rank", "request_id", "timeout")
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         self.request_id: str | None = None
         self.timeout: str | None = None
         self.data_parallel_rank: str | None = None
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"x-request-id":
                 self.request_id = value.decode("latin-1")
             elif name == b"x-request-timeout":

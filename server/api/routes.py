@@ -41,19 +41,21 @@ def _request_body_schema(name: str) -> dict[str, Any]:
 def add_routes(app: FastAPI, state: ServingState, config: ServerConfig) -> None:
     @app.post("/v1/chat/completions", openapi_extra=_request_body_schema("ChatCompletionRequest"))
     async def chat_completions(request: Request) -> Response:
-        return await chat_response(state, config, await request.body(), RequestHeaders(request.scope))
+        return await chat_response(state, config, await request.body(), RequestHeaders(request.scope["headers"]))
 
     @app.post("/v1/completions", openapi_extra=_request_body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
-        return await completion_response(state, config, await request.body(), RequestHeaders(request.scope))
+        return await completion_response(state, config, await request.body(), RequestHeaders(request.scope["headers"]))
 
     @app.post("/v1/messages", openapi_extra=_request_body_schema("AnthropicMessagesRequest"))
     async def messages(request: Request) -> Response:
-        return await messages_response(state, config, await request.body(), RequestHeaders(request.scope))
+        return await messages_response(state, config, await request.body(), RequestHeaders(request.scope["headers"]))
 
     @app.post("/v1/messages/count_tokens", openapi_extra=_request_body_schema("AnthropicCountTokensRequest"))
     async def count_tokens(request: Request) -> Response:
-        return await count_tokens_response(state, config, await request.body(), RequestHeaders(request.scope))
+        return await count_tokens_response(
+            state, config, await request.body(), RequestHeaders(request.scope["headers"])
+        )
 
     @app.get("/v1/models")
     async def models() -> Response:

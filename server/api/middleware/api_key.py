@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pyfront.server.errors import ANTHROPIC_PATHS, error_response_for
@@ -29,14 +30,21 @@ class APIKeyMiddleware:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
-            await self.app(scope, receive, send)
+        refusal = self.refusal(scope["path"], scope["headers"]) if scope["type"] == "http" else None
+        if refusal is not None:
+            await refusal(scope, receive, send)
             return
-        path = scope["path"]
+        await self.app(scope, receive, send)
+
+    def refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
+        """The 401 for a request to `path` without a valid key; None when it may go on. Also the check of
+        `pyfront serve`'s direct exchange (server/http_direct.py)."""
+        if path in self.open_paths:
+            return None
         anthropic = path in ANTHROPIC_PATHS
         given = b""
         x_api_key: bytes | None = None
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"authorization" and not given:
                 given = value
             elif name == b"x-api-key" and anthropic and x_api_key is None:
@@ -48,10 +56,7 @@ class APIKeyMiddleware:
         for token in tokens:
             for key in self.keys:
                 ok |= hmac.compare_digest(token, key)
-        if not ok:
-            how = "x-api-key or Authorization: Bearer" if anthropic else "Authorization: Bearer ..."
-            await error_response_for(path, 401, f"Unauthorized: a valid API key is required ({how})")(
-                scope, receive, send
-            )
-            return
-        await self.app(scope, receive, send)
+        if ok:
+            return None
+        how = "x-api-key or Authorization: Bearer" if anthropic else "Authorization: Bearer ..."
+        return error_response_for(path, 401, f"Unauthorized: a valid API key is required ({how})")

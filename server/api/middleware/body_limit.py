@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyfront.server.errors import APIError, error_response_for
@@ -18,10 +19,10 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._refuse(scope, receive, send)
-                return
+        refusal = self.refusal(scope["path"], scope["headers"])
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         received = 0
         limit = self.limit
 
@@ -36,8 +37,13 @@ class BodyLimitMiddleware:
 
         await self.app(scope, limited_receive, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response_for(scope["path"], 413, BodyTooLarge(self.limit).message)(scope, receive, send)
+    def refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
+        """The 413 for a request whose Content-Length is over the limit, before any of its body is read; None
+        for any other. Also the check of `pyfront serve`'s direct exchange (server/http_direct.py)."""
+        for name, value in headers:
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                return error_response_for(path, 413, BodyTooLarge(self.limit).message)
+        return None
 
 
 class BodyTooLarge(APIError):

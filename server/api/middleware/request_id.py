@@ -24,7 +24,7 @@ class RequestIdHeaderMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = RequestHeaders(scope).request_id
+        given = RequestHeaders(scope["headers"]).request_id
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

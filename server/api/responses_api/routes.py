@@ -43,7 +43,9 @@ _RUNNING = ("queued", "in_progress")
 def add_responses_routes(app: FastAPI, state: ServingState, config: ServerConfig, store: ResponseStore) -> None:
     @app.post("/v1/responses", openapi_extra=_REQUEST_BODY)
     async def create_response(request: Request) -> Response:
-        return await responses_response(store, state, config, await request.body(), RequestHeaders(request.scope))
+        return await responses_response(
+            store, state, config, await request.body(), RequestHeaders(request.scope["headers"])
+        )
 
     @app.get("/v1/responses/{response_id}", openapi_extra=_BY_ID)
     async def retrieve_response(request: Request) -> Response:

@@ -1,0 +1,184 @@
+"""The direct exchange: `pyfront serve`'s protocol answers the fast lane's routes without the ASGI layers.
+
+A short non-streamed completion is a few hundred microseconds of CPU, and the HTTP layer was a large share of it.
+uvicorn runs every request as an ASGI application in a task started at the end of its headers: the body travels
+as ``receive`` messages, the answer as two ``send`` messages, through uvicorn's proxy-headers middleware, the
+application, its middleware and the lane. On peers.py's sequential row that machinery was the CPU pyfront spent
+above vllm-rs (benchmarks/README.md, stops 33 and 34: a bare httptools protocol answers ~40 us cheaper than
+uvicorn with an empty application).
+
+Here the protocol (server/http_limits.py) keeps uvicorn's request/response cycle, so that pipelining, keep-alive,
+the read clock's refusals, a client that goes away and a shutdown treat the request as any other, and changes
+what runs in it:
+
+- the body is gathered by the protocol itself (with the body limit), and the cycle's task starts when it is
+  complete, with no ASGI message on the way in;
+- the task calls the lane's :meth:`~pyfront.server.api.lane.FastLane.answer` (the same handlers, error mapping and
+  cancellation on disconnect as the lane's ASGI entry) and writes a non-streamed answer with
+  :meth:`~pyfront.server.http_cycle.ResponseCycle.send_whole` (uvicorn's head, checks and access line, one write);
+- streamed answers and error responses run as ASGI responses on the cycle's own ``send``, as before.
+
+The middleware in front of the lane is what the exchange must not skip. :meth:`DirectLane.of` walks the lane's
+middleware as the application built it and takes the request-phase check of each (``refusal(path, headers)``: the
+body limit's Content-Length and the API key), run in the same order before the body is read, exactly where the
+middleware would answer; the body limit also bounds what is gathered. Any other middleware (request-id headers,
+CORS, one added by the user) means no direct exchange: the start-up log says why, and every request takes the
+ASGI path. Per request, a request goes the ASGI way when it is not a POST of exactly a lane path, expects
+``100-continue``, carries proxy headers that uvicorn's proxy-headers middleware would apply, or arrives while an
+earlier request on its connection is still being answered (uvicorn queues it as usual).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, cast
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from pyfront.server.api.lane import FastLane, PyfrontApp, end_cut_response, shutdown_reason
+from pyfront.server.api.middleware.api_key import APIKeyMiddleware
+from pyfront.server.api.middleware.body_limit import BodyLimitMiddleware, BodyTooLarge
+from pyfront.server.api.responses import EncodedJSON, exception_response
+from pyfront.server.http_cycle import ResponseCycle
+
+logger = logging.getLogger("pyfront.server")
+
+Check = Callable[[str, list[tuple[bytes, bytes]]], Response | None]
+"""A middleware's request-phase check: the response that refuses a request to a path with these headers, or None."""
+
+PROXY_HEADERS = frozenset({b"x-forwarded-for", b"x-forwarded-proto"})
+"""The headers uvicorn's proxy-headers middleware reads (it rewrites the scope's client and scheme from them)."""
+
+
+class DirectLane:
+    """The fast lane as the direct exchange runs it: its routes by raw path, and its middleware's checks."""
+
+    __slots__ = ("body_limit", "checks", "lane", "paths")
+
+    def __init__(self, lane: FastLane, checks: tuple[Check, ...], body_limit: int | None) -> None:
+        self.lane = lane
+        self.checks = checks
+        self.body_limit = body_limit
+        self.paths = {path.encode("ascii"): path for path in lane.handlers}
+        """A request target, exactly as sent, to its path: a query string or an escape means the ASGI way."""
+
+    @classmethod
+    def of(cls, app: object) -> DirectLane | str:
+        """The direct lane of `app`, or why it has none (then every request takes the ASGI path)."""
+        if not isinstance(app, PyfrontApp):
+            return f"the application is a {type(app).__name__}, not pyfront's"
+        if app.middleware_stack is None:  # Starlette builds it on the first request; the lane's layers with it
+            app.middleware_stack = app.build_middleware_stack()
+        layer = app.fast_lane
+        checks: list[Check] = []
+        body_limit: int | None = None
+        while layer is not app.lane:
+            if isinstance(layer, BodyLimitMiddleware):
+                body_limit = layer.limit if body_limit is None else min(body_limit, layer.limit)
+                checks.append(layer.refusal)
+            elif isinstance(layer, APIKeyMiddleware):
+                checks.append(layer.refusal)
+            else:
+                return f"the fast lane runs behind {type(layer).__name__}, which the direct exchange does not apply"
+            layer = getattr(layer, "app", None)
+        return cls(app.lane, tuple(checks), body_limit)
+
+    def refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
+        """The first check's refusal, in the middleware's order (outermost first)."""
+        for check in self.checks:
+            response = check(path, headers)
+            if response is not None:
+                return response
+        return None
+
+
+def takes(headers: list[tuple[bytes, bytes]], proxy_headers: bool) -> bool:
+    """Whether a lane request with these headers may be answered directly: not when the proxy-headers middleware
+    would rewrite its scope from them."""
+    if proxy_headers:
+        for name, _ in headers:
+            if name in PROXY_HEADERS:
+                return False
+    return True
+
+
+class DirectCycle(ResponseCycle):
+    """uvicorn's cycle for a request of the direct exchange (an instance is the protocol's cycle given this class).
+
+    The protocol appends the body to ``body`` (``gather``) and starts the task (``serve``, run by uvicorn's
+    ``run_asgi``, so that its errors end the way an application's do) once the body is complete, or at once with
+    a refusal. Until then there is no task: a client that goes away or a read timeout leaves nothing behind.
+    """
+
+    direct: DirectLane
+    started: bool
+    refusal: Response | Exception | None
+    task: asyncio.Task[None] | None
+
+    def adopt_direct(self, direct: DirectLane) -> None:
+        self.direct = direct
+        self.started = False
+        self.refusal = None
+        self.task = None
+
+    async def run(self, tasks: set[asyncio.Task[None]]) -> None:
+        """The task's coroutine: uvicorn's `run_asgi` of `serve`, then out of the server's set of running tasks.
+
+        uvicorn takes a task out of that set with a done callback, which the event loop runs on a turn of its
+        own: one more pass through the loop (a poll of its sockets, a system call) after every answer. Here
+        the task leaves the set as its last step. (A task cancelled before its first step, which only a
+        shutdown does, stays in the set; uvicorn waits for the set only before it cancels.)
+        """
+        try:
+            await self.run_asgi(cast(Any, self.serve))
+        finally:
+            tasks.discard(cast(asyncio.Task[None], self.task))
+
+    def gather(self, body: bytes) -> bool:
+        """Add a piece of the body; False once it passes the body limit (the 413 is then this request's answer)."""
+        self.body += body
+        limit = self.direct.body_limit
+        if limit is not None and len(self.body) > limit:
+            self.refusal = BodyTooLarge(limit)
+            return False
+        return True
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request's ASGI application: the lane's answer, written as the lane would have sent it."""
+        lane = self.direct.lane
+        path = scope["path"]
+        try:
+            refusal = self.refusal
+            if isinstance(refusal, Response):
+                response: Response | None = refusal
+            elif refusal is not None:
+                response = exception_response(lane.state, refusal, path)
+            else:
+                raw = bytes(self.body)
+                self.body = bytearray()
+                response = await lane.answer(
+                    path, raw, scope["headers"], self._watch.when_disconnected, receive, self.task
+                )
+            if response is None:
+                return  # the client left while its answer was being made
+            if type(response) is EncodedJSON:
+                await self.send_whole(response.status_code, response.raw_headers, cast(bytes, response.body))
+            else:
+                await response(scope, receive, send)
+        except asyncio.CancelledError as exc:
+            reason = shutdown_reason(exc, scope)
+            if reason is None:
+                raise
+            await end_cut_response(scope, send, reason)
+
+
+def direct_lane(app: object) -> DirectLane | None:
+    """`DirectLane.of(app)`, logging why there is none."""
+    direct = DirectLane.of(app)
+    if isinstance(direct, str):
+        logger.info("the fast lane's requests take the ASGI path: %s", direct)
+        return None
+    return direct
