@@ -193,24 +193,44 @@ class ResponseCycle(RequestResponseCycle):
         else:
             raise RuntimeError(f"Unexpected ASGI message '{message['type']}' sent, after response already completed.")
 
-    async def send_whole(self, status_code: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
-        """`send` of a start message and of a body message that ends the response, without the two messages.
+    async def send_json(self, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
+        """What `send` writes for a 200 with `content-length`, `content-type: application/json` and the `extra`
+        headers, then `body` ending the response: the same bytes in one write, without the two ASGI messages.
 
-        The direct exchange's (server/http_direct.py) non-streamed answers. Exactly what the two calls of
-        `send` do with a response that declares its length: the same head, the same checks, one write.
+        The direct exchange's (server/http_direct.py) non-streamed answers (api/responses.py's EncodedJSON). The
+        two headers it writes itself are known to be valid and to be the only ones `send` acts on; the `extra` ones
+        get `send`'s checks. A default header list that holds one `send` acts on goes `send`'s whole way.
         """
         if self.flow.write_paused and not self.disconnected:
             await self.flow.drain()
         if self.disconnected:
             return
         if self.response_started:
-            raise RuntimeError("Unexpected ASGI message 'http.response.start' sent, after response already started.")
-        head = self._head(status_code, headers)
-        if self.chunked_encoding is not False or self.expected_content_length != len(body):
-            self.transport.write(head)
-            raise RuntimeError("send_whole needs a Content-Length equal to the body's length")
-        self.expected_content_length = 0
-        self.transport.write(head + body if self.scope["method"] != "HEAD" else head)
+            raise RuntimeError("Expected ASGI message 'http.response.body', but got 'http.response.start'.")
+        defaults = self._defaults.get(self.default_headers)
+        if defaults is None or self.scope["method"] == "HEAD" or any(name.lower() in _ACTED_ON for name, _ in extra):
+            headers = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json"), *extra]
+            head = self._head(200, headers)
+            self.expected_content_length = 0
+            self.transport.write(head + body if self.scope["method"] != "HEAD" else head)
+            self._complete()
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        if self.access_log:
+            self._log_access(200)
+        content = [STATUS_LINE[200], defaults, b"content-length: %d\r\ncontent-type: application/json\r\n" % len(body)]
+        for name, value in extra:  # send's checks
+            if HEADER_RE.search(name):
+                raise RuntimeError("Invalid HTTP header name.")
+            if HEADER_VALUE_RE.search(value):
+                raise RuntimeError("Invalid HTTP header value.")
+            content += [name.lower(), b": ", value, b"\r\n"]
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        content += [b"\r\n", body]
+        self.chunked_encoding = False
+        self.transport.write(b"".join(content))
         self._complete()
 
     def _head(self, status_code: int, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
@@ -218,14 +238,7 @@ class ResponseCycle(RequestResponseCycle):
         self.response_started = True
         self.waiting_for_100_continue = False
         if self.access_log:
-            self.access_logger.info(
-                '%s - "%s %s HTTP/%s" %d',
-                get_client_addr(self.scope),
-                self.scope["method"],
-                get_path_with_query_string(self.scope),
-                self.scope["http_version"],
-                status_code,
-            )
+            self._log_access(status_code)
         defaults = self._defaults.get(self.default_headers)
         if defaults is None:
             defaults, headers = b"", [*self.default_headers, *headers]
@@ -256,6 +269,16 @@ class ResponseCycle(RequestResponseCycle):
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
         return b"".join(content)
+
+    def _log_access(self, status_code: int) -> None:
+        self.access_logger.info(
+            '%s - "%s %s HTTP/%s" %d',
+            get_client_addr(self.scope),
+            self.scope["method"],
+            get_path_with_query_string(self.scope),
+            self.scope["http_version"],
+            status_code,
+        )
 
     def _complete(self) -> None:
         """The response's last byte is written (uvicorn's end of a response)."""

@@ -15,7 +15,7 @@ what runs in it:
   complete, with no ASGI message on the way in;
 - the task calls the lane's :meth:`~pyfront.server.api.lane.FastLane.answer` (the same handlers, error mapping and
   cancellation on disconnect as the lane's ASGI entry) and writes a non-streamed answer with
-  :meth:`~pyfront.server.http_cycle.ResponseCycle.send_whole` (uvicorn's head, checks and access line, one write);
+  :meth:`~pyfront.server.http_cycle.ResponseCycle.send_json` (uvicorn's bytes and access line, one write);
 - streamed answers and error responses run as ASGI responses on the cycle's own ``send``, as before.
 
 The middleware in front of the lane is what the exchange must not skip. :meth:`DirectLane.of` walks the lane's
@@ -118,11 +118,22 @@ class DirectCycle(ResponseCycle):
     refusal: Response | Exception | None
     task: asyncio.Task[None] | None
 
-    def adopt_direct(self, direct: DirectLane) -> None:
+    access_client: str
+    """The client as uvicorn's access line writes it (its `get_client_addr`), made once per connection."""
+
+    def adopt_direct(self, direct: DirectLane, access_client: str) -> None:
         self.direct = direct
+        self.access_client = access_client
         self.started = False
         self.refusal = None
         self.task = None
+
+    def _log_access(self, status_code: int) -> None:
+        """uvicorn's access line; the path is a lane path as sent (no query string, nothing to escape)."""
+        self.access_logger.info(
+            '%s - "%s %s HTTP/%s" %d', self.access_client, "POST", self.scope["path"], self.scope["http_version"],
+            status_code,
+        )  # fmt: skip
 
     async def run(self, tasks: set[asyncio.Task[None]]) -> None:
         """The task's coroutine: uvicorn's `run_asgi` of `serve`, then out of the server's set of running tasks.
@@ -165,7 +176,7 @@ class DirectCycle(ResponseCycle):
             if response is None:
                 return  # the client left while its answer was being made
             if type(response) is EncodedJSON:
-                await self.send_whole(response.status_code, response.raw_headers, cast(bytes, response.body))
+                await self.send_json(cast(bytes, response.body), response.extra)
             else:
                 await response(scope, receive, send)
         except asyncio.CancelledError as exc:

@@ -118,10 +118,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline: float | None = None
         """When the request being read must have arrived (loop time); None while no request is being read."""
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """When `_timer` fires (loop time); it is never later than the deadline, and may be earlier."""
+        self._idle = False
+        """The deadline is the keep-alive timeout's: a response is complete and no request has begun."""
         self._discarding = False
         """Refused: what the client still sends is dropped until the connection closes."""
         self._direct = self.direct if self.limit_concurrency is None and not self.root_path else None
         """The direct lane, unless uvicorn is told to refuse requests over a limit or to serve under a root path."""
+        self._access_client = f"{self.client[0]}:{self.client[1]:d}" if self.client else ""
+        """The client in the access line (uvicorn's `get_client_addr`): the direct exchange's, made once."""
         self._start_clock()  # a connection that never sends a request is closed too
 
     def _connection_made(self, transport: asyncio.Transport) -> None:
@@ -245,7 +251,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             on_response=self.on_response_complete,
         )
         cycle.adopt(self._default_headers)
-        cycle.adopt_direct(direct)
+        cycle.adopt_direct(direct, self._access_client)
         self.cycle = cycle
         cycle.refusal = direct.refusal(path, self.headers)
         if cycle.refusal is not None:
@@ -262,7 +268,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._deadline is None:  # else the clock runs from the connection's start
+        if self._deadline is None or self._idle:  # else the clock runs from the connection's start
+            self._idle = False
             self._start_clock()
 
     def on_headers_complete(self) -> None:
@@ -304,26 +311,72 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = None
         self._in_head = True
         self._head_bytes = 0
+        if cycle is not None and cycle.response_complete and not self.pipeline:  # answered before its body ended
+            self._go_idle()
 
-    # ------------------------------------------------------------------ the read clock
+    def on_response_complete(self) -> None:
+        """uvicorn's (0.55, checked with the response cycle), with its keep-alive timeout a deadline on the
+        connection's one timer (`_go_idle`) instead of a timer armed after every response and cancelled by the
+        next request: two timer handles a request, and uvicorn's check of the timer on every read.
+
+        A connection idles from the end of a response until a request begins, when no request is being read
+        (a client that sent its next request early is on the read clock), and is closed after uvicorn's
+        `timeout_keep_alive` of idling, as uvicorn closes it.
+        """
+        if not self.response_cycle:
+            super().on_response_complete()
+            return
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self._deadline is None:
+            self._go_idle()
+
+    # ------------------------------------------------------------------ the clock: reads and keep-alive
 
     def _start_clock(self) -> None:
         timeout = self.limits.request_read_timeout
         if timeout > 0:
-            self._deadline = self.loop.time() + timeout
-            if self._timer is None:
-                self._timer = self.loop.call_at(self._deadline, self._check_deadline)
+            self._set_deadline(timeout)
+        else:
+            self._deadline = None
+
+    def _go_idle(self) -> None:
+        self._idle = True
+        self._set_deadline(self.timeout_keep_alive)
+
+    def _set_deadline(self, timeout: float) -> None:
+        """The deadline `timeout` s from now; the timer is armed again only if it would fire after it (a deadline
+        later than the timer's leaves it: it fires early and is armed for the deadline then)."""
+        self._deadline = deadline = self.loop.time() + timeout
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._arm(deadline)
+
+    def _arm(self, at: float) -> None:
+        self._timer = self.loop.call_at(at, self._check_deadline)
+        self._timer_at = at
 
     def _check_deadline(self) -> None:
         self._timer = None
         if self._deadline is None or self.transport.is_closing():
-            return  # no request is being read: the next one arms the timer again
-        if self.flow.read_paused:  # the server is not reading (a pipelined request waits its turn): restart
-            self._start_clock()
+            return  # no request is being read and none answered: the next deadline arms the timer again
+        if self._idle or not self.flow.read_paused:
+            if self.loop.time() < self._deadline:  # a later deadline than the one the timer was armed for
+                self._arm(self._deadline)
+            elif self._idle:
+                self.transport.close()  # uvicorn's keep-alive timeout
+            else:
+                self._read_timed_out()
             return
-        if self.loop.time() < self._deadline:  # a later request's deadline
-            self._timer = self.loop.call_at(self._deadline, self._check_deadline)
-            return
+        self._start_clock()  # the server is not reading (a pipelined request waits its turn): restart
+
+    def _read_timed_out(self) -> None:
         if self._in_head and self._head_bytes == 0:
             self.transport.close()  # nothing of a request arrived: nothing to answer
             return

@@ -41,11 +41,9 @@ class EncodedJSON(Response):
         self.body = body
         self.status_code = 200
         self.background = None
-        self.raw_headers = [
-            (b"content-length", str(len(body)).encode()),
-            (b"content-type", b"application/json"),
-            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
-        ]
+        self.extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()] if headers else []
+        """The headers after content-length and content-type (`pyfront serve` writes the two itself: http_cycle)."""
+        self.raw_headers = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json"), *self.extra]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

@@ -18,6 +18,7 @@ from pyfront.server.api.middleware.api_key import APIKeyMiddleware
 from pyfront.server.api.middleware.body_limit import BodyLimitMiddleware
 from pyfront.server.app import create_app
 from pyfront.server.config import ServerConfig
+from pyfront.server.http_cycle import ResponseCycle
 from pyfront.server.http_direct import DirectCycle, DirectLane
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.harness import API_KEY, MODEL, running_harness
@@ -239,3 +240,23 @@ def test_the_start_up_log_says_why_there_is_no_direct_exchange(caplog: pytest.Lo
         caplog.text
     )
     assert http_limits.protocol_class(http_limits.ReadLimits(8192, 100, 0), create_app(_config())).direct is not None
+
+
+def test_the_access_line_is_uvicorns() -> None:
+    """The direct exchange's access line (client text made once per connection, the lane path as sent) is the one
+    uvicorn's helpers make from the scope."""
+    lines: list[str] = []
+
+    class Access:
+        def info(self, msg: str, *args: Any) -> None:
+            lines.append(msg % args)
+
+    scope = {"client": ("::1", 5123), "raw_path": b"/v1/messages", "query_string": b"", "path": "/v1/messages",
+             "method": "POST", "http_version": "1.0"}  # fmt: skip
+    for kind in (ResponseCycle, DirectCycle):
+        cycle = kind.__new__(kind)
+        cycle.scope = scope  # type: ignore[assignment]
+        cycle.access_logger = Access()  # type: ignore[assignment]
+        cycle.access_client = "::1:5123"  # what the protocol makes of the same client
+        cycle._log_access(200)
+    assert lines == ['::1:5123 - "POST /v1/messages HTTP/1.0" 200'] * 2

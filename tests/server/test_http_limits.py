@@ -34,6 +34,8 @@ from tests.harness import API_KEY, MODEL
 READ_TIMEOUT_S = 2.0
 """--request-read-timeout for these tests; every wait for it to fire allows several times as much."""
 GENEROUS_S = READ_TIMEOUT_S + 15
+KEEP_ALIVE_S = 1.0
+"""uvicorn's timeout_keep_alive for these tests (its default is 5 s)."""
 AUTH = f"Authorization: Bearer {API_KEY}\r\n".encode()
 
 
@@ -51,7 +53,9 @@ def port() -> Iterator[int]:
         request_read_timeout=READ_TIMEOUT_S,
         max_request_body_bytes=4 * 1024 * 1024,
     )
-    server = uvicorn.Server(build_uvicorn_config(create_app(config), config))
+    uvicorn_config = build_uvicorn_config(create_app(config), config)
+    uvicorn_config.timeout_keep_alive = int(KEEP_ALIVE_S)
+    server = uvicorn.Server(uvicorn_config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -199,6 +203,34 @@ def test_keep_alive_and_pipelining_outlast_the_read_timeout(port: int) -> None:
         sock.sendall(request * 3)
         buffer = bytearray()
         assert [_read_answer(sock, then_closed=False, buffer=buffer).status for _ in range(3)] == [200] * 3
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(port: int) -> None:
+    """uvicorn's keep-alive timeout, kept on the connection's one timer: a connection idle after its answer (a lane
+    POST, answered by the direct exchange, or a GET) is closed after it, not at once; a request begun in the idle
+    time is on the read clock from then on (a stalled one gets its 408 after the read timeout, not a close after
+    the keep-alive timeout). That a connection sending requests every 0.3 s is kept: the test above."""
+    chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    requests = [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Length: %d\r\n\r\n" % len(chat) + chat,
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n",
+    ]
+    for request in requests:
+        with _connect(port) as sock:
+            sock.sendall(request)
+            assert _read_answer(sock, then_closed=False).status == 200
+            answered = time.monotonic()
+            sock.settimeout(GENEROUS_S)
+            assert sock.recv(1) == b""
+            assert KEEP_ALIVE_S * 0.8 <= time.monotonic() - answered < KEEP_ALIVE_S + 5
+    with _connect(port) as sock:
+        sock.sendall(requests[1])
+        assert _read_answer(sock, then_closed=False).status == 200
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost:")
+        begun = time.monotonic()
+        answer = _read_answer(sock)
+        assert answer.status == 408 and answer.closed
+        assert time.monotonic() - begun >= READ_TIMEOUT_S * 0.8
 
 
 class HealthProbe:
