@@ -18,25 +18,32 @@ what runs in it:
   :meth:`~pyfront.server.http_cycle.ResponseCycle.send_json` (uvicorn's bytes and access line, one write);
 - streamed answers and error responses run as ASGI responses on the cycle's own ``send``, as before.
 
+Nor are uvicorn's proxy headers: a request with ``X-Forwarded-For`` or ``-Proto`` has uvicorn's own proxy-headers
+middleware run on its scope (a copy of the server's, with no application after it) at the start of its task, as it
+would have run before the application, so that the access line names the same client.
+
 The middleware in front of the lane is what the exchange must not skip. :meth:`DirectLane.of` walks the lane's
 middleware as the application built it and takes the request-phase check of each (``refusal(path, headers)``: the
 body limit's Content-Length and the API key), run in the same order before the body is read, exactly where the
 middleware would answer; the body limit also bounds what is gathered. Any other middleware (request-id headers,
 CORS, one added by the user) means no direct exchange: the start-up log says why, and every request takes the
-ASGI path. Per request, a request goes the ASGI way when it is not a POST of exactly a lane path, expects
-``100-continue``, carries proxy headers that uvicorn's proxy-headers middleware would apply, or arrives while an
-earlier request on its connection is still being answered (uvicorn queues it as usual).
+ASGI path. Per request, a request goes the ASGI way when it is not a POST of exactly a lane path (a query string
+included), expects ``100-continue``, asks for an upgrade, or arrives while an earlier request on its connection is
+still being answered (uvicorn queues it as usual).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any, cast
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from uvicorn.protocols.utils import get_client_addr
 
 from pyfront.server.api.lane import FastLane, PyfrontApp, end_cut_response, shutdown_reason
 from pyfront.server.api.middleware.api_key import APIKeyMiddleware
@@ -95,14 +102,25 @@ class DirectLane:
         return None
 
 
-def takes(headers: list[tuple[bytes, bytes]], proxy_headers: bool) -> bool:
-    """Whether a lane request with these headers may be answered directly: not when the proxy-headers middleware
-    would rewrite its scope from them."""
-    if proxy_headers:
-        for name, _ in headers:
-            if name in PROXY_HEADERS:
-                return False
-    return True
+def has_proxy_headers(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, _ in headers:  # noqa: SIM110  (any() over a generator: 0.40 us a request against 0.18)
+        if name in PROXY_HEADERS:
+            return True
+    return False
+
+
+def proxy_twin(app: object) -> ProxyHeadersMiddleware | None:
+    """The server's proxy-headers middleware (`app`, when uvicorn wrapped the application in it) with nothing after
+    it: what the direct exchange runs on a scope with proxy headers. None: the server applies no proxy headers."""
+    if not isinstance(app, ProxyHeadersMiddleware):
+        return None
+    twin = copy.copy(app)
+    twin.app = cast(Any, _nothing)
+    return twin
+
+
+async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:
+    return None
 
 
 class DirectCycle(ResponseCycle):
@@ -120,6 +138,8 @@ class DirectCycle(ResponseCycle):
 
     access_client: str
     """The client as uvicorn's access line writes it (its `get_client_addr`), made once per connection."""
+    proxy: ProxyHeadersMiddleware | None
+    """`proxy_twin`'s, for a request with proxy headers."""
 
     def adopt_direct(self, direct: DirectLane, access_client: str) -> None:
         self.direct = direct
@@ -127,6 +147,7 @@ class DirectCycle(ResponseCycle):
         self.started = False
         self.refusal = None
         self.task = None
+        self.proxy = None
 
     def _log_access(self, status_code: int) -> None:
         """uvicorn's access line; the path is a lane path as sent (no query string, nothing to escape)."""
@@ -161,6 +182,9 @@ class DirectCycle(ResponseCycle):
         """The request's ASGI application: the lane's answer, written as the lane would have sent it."""
         lane = self.direct.lane
         path = scope["path"]
+        if self.proxy is not None:  # as uvicorn's middleware would have, before the application
+            await self.proxy(cast(Any, scope), cast(Any, receive), cast(Any, send))
+            self.access_client = get_client_addr(cast(Any, scope))
         try:
             refusal = self.refusal
             if isinstance(refusal, Response):

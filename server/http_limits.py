@@ -44,7 +44,7 @@ from pyfront.server.access_log import AccessLine
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import error_body
 from pyfront.server.http_cycle import DefaultHeaders, ResponseCycle, unverified_reason
-from pyfront.server.http_direct import DirectCycle, DirectLane, direct_lane, takes
+from pyfront.server.http_direct import DirectCycle, DirectLane, direct_lane, has_proxy_headers, proxy_twin
 
 logger = logging.getLogger("pyfront.server")
 
@@ -128,6 +128,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """The direct lane, unless uvicorn is told to refuse requests over a limit or to serve under a root path."""
         self._access_client = f"{self.client[0]}:{self.client[1]:d}" if self.client else ""
         """The client in the access line (uvicorn's `get_client_addr`): the direct exchange's, made once."""
+        self._proxy = proxy_twin(self.app) if self._direct is not None else None
+        """What the direct exchange runs on a scope with proxy headers (server/http_direct.py)."""
         self._start_clock()  # a connection that never sends a request is closed too
 
     def _connection_made(self, transport: asyncio.Transport) -> None:
@@ -252,6 +254,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
         cycle.adopt(self._default_headers)
         cycle.adopt_direct(direct, self._access_client)
+        if self._proxy is not None and has_proxy_headers(self.headers):
+            cycle.proxy = self._proxy
         self.cycle = cycle
         cycle.refusal = direct.refusal(path, self.headers)
         if cycle.refusal is not None:
@@ -286,7 +290,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             and (self.cycle is None or self.cycle.response_complete)  # else uvicorn queues it (pipelining)
             and not self.expect_100_continue
             and not self.parser.should_upgrade()
-            and takes(self.headers, self.config.proxy_headers)
         ):
             self._direct_cycle(direct, path)
             return

@@ -4,6 +4,7 @@ cover) to it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from starlette.applications import Starlette
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from pyfront.server import http_limits
 from pyfront.server.api.middleware.api_key import APIKeyMiddleware
@@ -19,7 +21,7 @@ from pyfront.server.api.middleware.body_limit import BodyLimitMiddleware
 from pyfront.server.app import create_app
 from pyfront.server.config import ServerConfig
 from pyfront.server.http_cycle import ResponseCycle
-from pyfront.server.http_direct import DirectCycle, DirectLane
+from pyfront.server.http_direct import DirectCycle, DirectLane, proxy_twin
 from pyfront.server.text.bundled_tokenizer import BUNDLED_TOKENIZER_NAME
 from tests.harness import API_KEY, MODEL, running_harness
 
@@ -173,16 +175,20 @@ def test_the_direct_exchange_writes_what_the_asgi_path_writes(
 
 
 def test_requests_the_direct_exchange_leaves_to_the_asgi_path(direct_runs: list[str]) -> None:
-    """Proxy headers (uvicorn's middleware rewrites the client from them), Expect: 100-continue, other routes and
-    methods: all answered, none directly; a plain lane request on the same server is direct."""
+    """Expect: 100-continue, other routes and methods: all answered, none directly; lane requests with proxy headers
+    are direct (their scope rewritten as uvicorn's middleware would: the next test)."""
     with running_harness(as_pyfront_serve=True, output_len=3) as harness:
         port = int(harness.base_url.rsplit(":", 1)[1])
         sent = [
-            _request("/v1/chat/completions", _chat(), headers=AUTH + "X-Forwarded-For: 10.0.0.1\r\n"),
-            _request("/v1/chat/completions", _chat(), headers=AUTH + "X-Forwarded-Proto: https\r\n"),
             _request("/v1/chat/completions", _chat(), headers=AUTH + "Expect: 100-continue\r\n"),
             _request("/tokenize", json.dumps({"model": MODEL, "prompt": "hi"}).encode()),
             f"GET /v1/chat/completions HTTP/1.1\r\nHost: t\r\n{AUTH}\r\n".encode(),
+            _request("/v1/chat/completions", _chat(), headers=AUTH + "X-Forwarded-For: 10.0.0.1\r\n"),
+            _request(
+                "/v1/completions",
+                _json(model=MODEL, prompt="hi", max_tokens=2),
+                headers=AUTH + "X-Forwarded-Proto: https\r\n",
+            ),
         ]
         statuses = []
         for request in sent:
@@ -193,10 +199,33 @@ def test_requests_the_direct_exchange_leaves_to_the_asgi_path(direct_runs: list[
                 if response.startswith(b"HTTP/1.1 100"):
                     response = _read_response(sock, data)
                 statuses.append(int(response.split(b" ", 2)[1]))
-        assert statuses == [200, 200, 200, 200, 405]
-        assert direct_runs == []
-        _exchange(port, _request("/v1/chat/completions", _chat()), 1)
-        assert direct_runs == ["/v1/chat/completions"]
+        assert statuses == [200, 200, 405, 200, 200]
+        assert direct_runs == ["/v1/chat/completions", "/v1/completions"]
+
+
+def test_proxy_headers_rewrite_the_scope_as_uvicorns_middleware_does() -> None:
+    """The direct exchange runs a copy of the server's proxy-headers middleware with nothing after it: the scope it
+    leaves (the client the access line names, the scheme) is the one uvicorn's own leaves for the application, from
+    a trusted peer and from any other; a server without the middleware has no twin."""
+    reached: list[object] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope)
+
+    middleware = ProxyHeadersMiddleware(app, trusted_hosts="127.0.0.1")
+    twin = proxy_twin(middleware)
+    assert twin is not None and proxy_twin(app) is None
+    headers = [(b"x-forwarded-for", b"10.1.2.3, 10.9.9.9"), (b"x-forwarded-proto", b"https")]
+    for peer in (("127.0.0.1", 5000), ("192.0.2.7", 5000)):
+        theirs = {"type": "http", "client": peer, "scheme": "http", "headers": headers}
+        ours = dict(theirs)
+        asyncio.run(middleware(theirs, None, None))  # type: ignore[arg-type]
+        asyncio.run(twin(ours, None, None))  # type: ignore[arg-type]
+        assert ours == theirs
+        assert (ours["client"], ours["scheme"]) == (
+            (("10.9.9.9", 0), "https") if peer[0] == "127.0.0.1" else (peer, "http")
+        )
+    assert len(reached) == 2  # the middleware's application, never the twin's
 
 
 def _config(**fields: Any) -> ServerConfig:
