@@ -25,11 +25,12 @@ would have run before the application, so that the access line names the same cl
 The middleware in front of the lane is what the exchange must not skip. :meth:`DirectLane.of` walks the lane's
 middleware as the application built it and takes the request-phase check of each (``refusal(path, headers)``: the
 body limit's Content-Length and the API key), run in the same order before the body is read, exactly where the
-middleware would answer; the body limit also bounds what is gathered. Any other middleware (request-id headers,
-CORS, one added by the user) means no direct exchange: the start-up log says why, and every request takes the
-ASGI path. Per request, a request goes the ASGI way when it is not a POST of exactly a lane path (a query string
-included), expects ``100-continue``, asks for an upgrade, or arrives while an earlier request on its connection is
-still being answered (uvicorn queues it as usual).
+middleware would answer; the body limit also bounds what is gathered. The request-id middleware (outermost) is
+applied the way it applies itself: its ``send`` wraps every response but a JSON answer, which gets its ``id_header``
+when the route set none. Any other middleware (CORS, one added by the user) means no direct exchange: the start-up
+log says why, and every request takes the ASGI path. Per request, a request goes the ASGI way when it is not a POST
+of exactly a lane path (a query string included), expects ``100-continue``, asks for an upgrade, or arrives while an
+earlier request on its connection is still being answered (uvicorn queues it as usual).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from uvicorn.protocols.utils import get_client_addr
 from pyfront.server.api.lane import FastLane, PyfrontApp, end_cut_response, shutdown_reason
 from pyfront.server.api.middleware.api_key import APIKeyMiddleware
 from pyfront.server.api.middleware.body_limit import BodyLimitMiddleware, BodyTooLarge
+from pyfront.server.api.middleware.request_id import RequestIdHeaderMiddleware, has_request_id
 from pyfront.server.api.responses import EncodedJSON, exception_response
 from pyfront.server.http_cycle import ResponseCycle
 
@@ -63,12 +65,14 @@ PROXY_HEADERS = frozenset({b"x-forwarded-for", b"x-forwarded-proto"})
 class DirectLane:
     """The fast lane as the direct exchange runs it: its routes by raw path, and its middleware's checks."""
 
-    __slots__ = ("body_limit", "checks", "lane", "paths")
+    __slots__ = ("body_limit", "checks", "lane", "paths", "request_ids")
 
-    def __init__(self, lane: FastLane, checks: tuple[Check, ...], body_limit: int | None) -> None:
+    def __init__(self, lane: FastLane, checks: tuple[Check, ...], body_limit: int | None, request_ids: bool) -> None:
         self.lane = lane
         self.checks = checks
         self.body_limit = body_limit
+        self.request_ids = request_ids
+        """Every response gets an X-Request-Id (RequestIdHeaderMiddleware's, which is outermost: refusals too)."""
         self.paths = {path.encode("ascii"): path for path in lane.handlers}
         """A request target, exactly as sent, to its path: a query string or an escape means the ASGI way."""
 
@@ -82,8 +86,13 @@ class DirectLane:
         layer = app.fast_lane
         checks: list[Check] = []
         body_limit: int | None = None
+        request_ids = False
         while layer is not app.lane:
-            if isinstance(layer, BodyLimitMiddleware):
+            if isinstance(layer, RequestIdHeaderMiddleware):
+                if layer is not app.fast_lane:  # inside a check, its refusals would go without the header
+                    return "the request-id middleware is not the outermost"
+                request_ids = True
+            elif isinstance(layer, BodyLimitMiddleware):
                 body_limit = layer.limit if body_limit is None else min(body_limit, layer.limit)
                 checks.append(layer.refusal)
             elif isinstance(layer, APIKeyMiddleware):
@@ -91,7 +100,7 @@ class DirectLane:
             else:
                 return f"the fast lane runs behind {type(layer).__name__}, which the direct exchange does not apply"
             layer = getattr(layer, "app", None)
-        return cls(app.lane, tuple(checks), body_limit)
+        return cls(app.lane, tuple(checks), body_limit, request_ids)
 
     def refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
         """The first check's refusal, in the middleware's order (outermost first)."""
@@ -180,8 +189,11 @@ class DirectCycle(ResponseCycle):
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The request's ASGI application: the lane's answer, written as the lane would have sent it."""
-        lane = self.direct.lane
+        direct = self.direct
+        lane = direct.lane
         path = scope["path"]
+        # What the middleware's `send` is; a shutdown's cut is written on the server's own, as PyfrontApp writes it.
+        middleware_send = RequestIdHeaderMiddleware.with_id(scope["headers"], send) if direct.request_ids else send
         if self.proxy is not None:  # as uvicorn's middleware would have, before the application
             await self.proxy(cast(Any, scope), cast(Any, receive), cast(Any, send))
             self.access_client = get_client_addr(cast(Any, scope))
@@ -200,9 +212,12 @@ class DirectCycle(ResponseCycle):
             if response is None:
                 return  # the client left while its answer was being made
             if type(response) is EncodedJSON:
-                await self.send_json(cast(bytes, response.body), response.extra)
+                extra = response.extra
+                if direct.request_ids and not has_request_id(extra):
+                    extra = [*extra, RequestIdHeaderMiddleware.id_header(scope["headers"])]
+                await self.send_json(cast(bytes, response.body), extra)
             else:
-                await response(scope, receive, send)
+                await response(scope, receive, middleware_send)
         except asyncio.CancelledError as exc:
             reason = shutdown_reason(exc, scope)
             if reason is None:

@@ -140,26 +140,53 @@ def direct_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield runs
 
 
-def _answers(direct: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[list[bytes], bool]]:
+REQUEST_ID_CASES: list[tuple[str, bytes, int]] = [
+    ("an id given, an error", _request("/v1/chat/completions", b"{", headers=AUTH + "X-Request-Id: given-1\r\n"), 1),
+    ("an id given, no key", _request("/v1/chat/completions", _chat(), headers="X-Request-Id: given-2\r\n"), 1),
+    (
+        "an id given, a stream",
+        _request("/v1/chat/completions", _chat(stream=True), headers=AUTH + "X-Request-Id: given-3\r\n"),
+        1,
+    ),
+]
+
+
+def _answers(direct: bool, request_ids: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[list[bytes], bool]]:
     with monkeypatch.context() as patch:
         if not direct:
             patch.setattr(http_limits, "direct_lane", lambda app: None)
-        overrides = {"max_request_body_bytes": LIMIT}
+        overrides = {"max_request_body_bytes": LIMIT, "enable_request_id_headers": request_ids}
+        cases = CASES + REQUEST_ID_CASES if request_ids else CASES
         with running_harness(overrides, as_pyfront_serve=True, output_len=3) as harness:
             port = int(harness.base_url.rsplit(":", 1)[1])
-            return {name: _exchange(port, sent, count) for name, sent, count in CASES}
+            answers = {name: _exchange(port, sent, count) for name, sent, count in cases}
+    if request_ids:  # an id the server made up (uuid4 hex) differs run to run
+        for name, (responses, closed) in answers.items():
+            answers[name] = (
+                [re.sub(rb"x-request-id: [0-9a-f]{32}\r", b"x-request-id: U\r", r) for r in responses],
+                closed,
+            )
+    return answers
 
 
+@pytest.mark.parametrize("request_ids", [False, True], ids=["api key", "api key and request ids"])
 def test_the_direct_exchange_writes_what_the_asgi_path_writes(
-    direct_runs: list[str], monkeypatch: pytest.MonkeyPatch
+    request_ids: bool, direct_runs: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every case, byte for byte (dates, ids and creation times masked), and the connection closed or kept alike;
     and the lane's requests were the direct exchange's, all but the ones it leaves to the ASGI path."""
-    asgi = _answers(False, monkeypatch)
+    asgi = _answers(False, request_ids, monkeypatch)
     assert direct_runs == []
-    direct = _answers(True, monkeypatch)
-    for name, _, _ in CASES:
+    direct = _answers(True, request_ids, monkeypatch)
+    for name in asgi:
         assert direct[name] == asgi[name], name
+    if request_ids:
+        assert b"x-request-id: given-1\r" in asgi["an id given, an error"][0][0]
+        assert b"x-request-id: given-2\r" in asgi["an id given, no key"][0][0]
+        assert b"x-request-id: given-3\r" in asgi["an id given, a stream"][0][0]  # the route's own: the id's base
+        assert b"x-request-id: U\r" in asgi["no API key"][0][0]
+        assert b"x-request-id: U\r" in asgi["chat"][0][0]
+        del direct_runs[-3:]  # the three cases above, direct
     assert asgi["chat"][0][0].startswith(b"HTTP/1.1 200 OK")
     assert b"data: [DONE]" in asgi["chat stream"][0][0]
     assert [answer[:12] for answer in asgi["pipelined"][0]] == [b"HTTP/1.1 200"] * 3
@@ -250,9 +277,8 @@ def test_the_direct_lane_takes_the_checks_of_the_middleware_it_knows() -> None:
     refusal = keyed.refusal("/v1/chat/completions", [(b"authorization", b"Bearer nope")])
     assert refusal is not None and refusal.status_code == 401
     assert keyed.refusal("/v1/chat/completions", [(b"authorization", b"Bearer k")]) is None
-    assert DirectLane.of(create_app(_config(enable_request_id_headers=True))) == (
-        "the fast lane runs behind RequestIdHeaderMiddleware, which the direct exchange does not apply"
-    )
+    ids = DirectLane.of(create_app(_config(enable_request_id_headers=True)))
+    assert isinstance(ids, DirectLane) and ids.request_ids and not keyed.request_ids
     assert DirectLane.of(create_app(_config(allowed_origins=["*"]))) == (
         "the fast lane runs behind CORSMiddleware, which the direct exchange does not apply"
     )
@@ -262,12 +288,10 @@ def test_the_direct_lane_takes_the_checks_of_the_middleware_it_knows() -> None:
 def test_the_start_up_log_says_why_there_is_no_direct_exchange(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("INFO", logger="pyfront.server"):
         protocol = http_limits.protocol_class(
-            http_limits.ReadLimits(8192, 100, 0), create_app(_config(enable_request_id_headers=True))
+            http_limits.ReadLimits(8192, 100, 0), create_app(_config(allowed_origins=["*"]))
         )
     assert protocol.direct is None
-    assert "the fast lane's requests take the ASGI path: the fast lane runs behind RequestIdHeaderMiddleware" in (
-        caplog.text
-    )
+    assert "the fast lane's requests take the ASGI path: the fast lane runs behind CORSMiddleware" in caplog.text
     assert http_limits.protocol_class(http_limits.ReadLimits(8192, 100, 0), create_app(_config())).direct is not None
 
 

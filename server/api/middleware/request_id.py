@@ -15,6 +15,7 @@ class RequestIdHeaderMiddleware:
 
     The completion routes set it themselves to the id their response carries; on every other response it
     is the request's own X-Request-Id, or a new uuid4 hex when there is none or it is not a safe header value.
+    `with_id` and `id_header` are also what `pyfront serve`'s direct exchange applies (server/http_direct.py).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -24,15 +25,29 @@ class RequestIdHeaderMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = RequestHeaders(scope["headers"]).request_id
+        await self.app(scope, receive, self.with_id(scope["headers"], send))
+
+    @staticmethod
+    def with_id(headers: list[tuple[bytes, bytes]], send: Send) -> Send:
+        """`send`, adding the header to a response start that has no X-Request-Id of its own."""
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                if not any(name.lower() == b"x-request-id" for name, _ in headers):
-                    value = given if given is not None and valid_header_value(given) else uuid.uuid4().hex
-                    headers.append((b"x-request-id", value.encode("latin-1")))
-                    message = {**message, "headers": headers}
+                response_headers = list(message.get("headers", ()))
+                if not has_request_id(response_headers):
+                    response_headers.append(RequestIdHeaderMiddleware.id_header(headers))
+                    message = {**message, "headers": response_headers}
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        return send_with_id
+
+    @staticmethod
+    def id_header(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+        """The header for a response to a request with these headers that has none of its own."""
+        given = RequestHeaders(headers).request_id
+        value = given if given is not None and valid_header_value(given) else uuid.uuid4().hex
+        return (b"x-request-id", value.encode("latin-1"))
+
+
+def has_request_id(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name.lower() == b"x-request-id" for name, _ in headers)
