@@ -2,7 +2,7 @@
 cannot move.
 
     python benchmarks/request_instructions.py [--src TREE ...] [--scenario rps|seq|streams] [--requests 1000]
-        [--rounds 3]
+        [--rounds 3] [--no-feh]
 
 Wall-clock CPU figures on these shared 2-core VMs move by 10-30 % from run to run, as much as a round of
 optimisations; callgrind counts the instructions the process executes (all its threads, user space only), the same
@@ -48,12 +48,12 @@ def import_root(tree: Path) -> Path:
     return root
 
 
-def count(tree: Path, model: Path, scenario: str, requests: int, workdir: Path) -> int:
-    """Instructions per request of one run."""
+def count(tree: Path, model: Path, scenario: str, requests: int, workdir: Path, feh: bool = True) -> int:
+    """Instructions per request of one run (`feh`: VLLM_NATIVE_FEH=1 against a mock that advertises it)."""
     root = import_root(tree)
     rpc, http = eng.free_port(), eng.free_port()
     out = workdir / f"callgrind.{rpc}"
-    env = {**os.environ, "PYTHONPATH": str(root), "VLLM_NATIVE_FEH": "1"}
+    env = {**os.environ, "PYTHONPATH": str(root), "VLLM_NATIVE_FEH": "1" if feh else "0"}
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", sys.executable,
             "-m", "pyfront.server.cli", "serve", str(model), "--port", str(http), "--data-parallel-rpc-port", str(rpc),
             "--max-model-len", "131072", "--engine-stall-timeout", "600"]  # fmt: skip
@@ -62,7 +62,7 @@ def count(tree: Path, model: Path, scenario: str, requests: int, workdir: Path) 
     mock = subprocess.Popen(
         [sys.executable, "-m", "pyfront.engine_client.mock_engine", "--handshake-address", f"tcp://127.0.0.1:{rpc}",
          "--ranks", "0", "--step-interval", "0.02", "--max-model-len", "131072", "--step-on-arrival",
-         "--advertise-feh"],
+         *(["--advertise-feh"] if feh else [])],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model-dir", type=Path, default=None, help="default ~/.cache/pyfront/tiny-qwen3")
+    p.add_argument("--no-feh", action="store_true", help="front-end block hashing off (by default on)")
     a = p.parse_args(argv)
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pyfront-instructions-") as tmp:
         for _ in range(a.rounds):
             for tree in trees:
-                counts[tree].append(count(tree, model, a.scenario, a.requests, Path(tmp)))
+                counts[tree].append(count(tree, model, a.scenario, a.requests, Path(tmp), feh=not a.no_feh))
                 print(f"{tree}: {counts[tree][-1]:,} instructions/request", flush=True)
     first = statistics.median(counts[trees[0]])
     print(f"\n{a.scenario}, {a.requests} requests a run, {a.rounds} rounds (median, min-max, ratio to the first tree):")
