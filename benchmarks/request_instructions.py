@@ -2,7 +2,7 @@
 cannot move.
 
     python benchmarks/request_instructions.py [--src TREE ...] [--scenario rps|seq|streams] [--requests 1000]
-        [--rounds 3] [--no-feh]
+        [--rounds 3] [--no-feh] [--python PY --functions N]
 
 Wall-clock CPU figures on these shared 2-core VMs move by 10-30 % from run to run, as much as a round of
 optimisations; callgrind counts the instructions the process executes (all its threads, user space only), the same
@@ -15,14 +15,24 @@ request per tree (median and min-max), and each tree's ratio to the first.
 
 What it does not see: the kernel (system calls, context switches, the network stack) and waiting; a change that
 saves a system call or a wake-up shows in peers.py's CPU rows, not here. Needs valgrind (Debian's package).
+
+Where the instructions go, per Python function: ``--functions N --python PY`` runs the server with ``PY -X perf``
+(CPython >= 3.12: every Python function gets a small native trampoline, listed in ``/tmp/perf-PID.map``) and prints
+the N functions with the most instructions per request, inclusive of what they call, with callgrind's attribution
+to those trampolines. PY is a virtualenv's python with pyfront's dependencies (``python3.12 -m venv V &&
+V/bin/pip install -e .``); the tree's own packages still come from ``--src``. The trampolines and 3.12 add some
+instructions of their own (~1.1M a short request against ~0.87M on 3.11), so read the map for shares, and the
+totals of a 3.11 run for changes. An inclusive figure counts a function once per call, however deep it recurses.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -48,13 +58,24 @@ def import_root(tree: Path) -> Path:
     return root
 
 
-def count(tree: Path, model: Path, scenario: str, requests: int, workdir: Path, feh: bool = True) -> int:
-    """Instructions per request of one run (`feh`: VLLM_NATIVE_FEH=1 against a mock that advertises it)."""
+def count(
+    tree: Path,
+    model: Path,
+    scenario: str,
+    requests: int,
+    workdir: Path,
+    feh: bool = True,
+    python: str = sys.executable,
+    functions: int = 0,
+) -> int:
+    """Instructions per request of one run (`feh`: VLLM_NATIVE_FEH=1 against a mock that advertises it); with
+    `functions`, the server runs `python -X perf` and the top `functions` Python functions are printed."""
     root = import_root(tree)
     rpc, http = eng.free_port(), eng.free_port()
     out = workdir / f"callgrind.{rpc}"
     env = {**os.environ, "PYTHONPATH": str(root), "VLLM_NATIVE_FEH": "1" if feh else "0"}
-    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", sys.executable,
+    perf = ["-X", "perf"] if functions else []
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", python, *perf,
             "-m", "pyfront.server.cli", "serve", str(model), "--port", str(http), "--data-parallel-rpc-port", str(rpc),
             "--max-model-len", "131072", "--engine-stall-timeout", "600"]  # fmt: skip
     log = (workdir / f"fe.{rpc}.log").open("w")
@@ -102,12 +123,47 @@ def count(tree: Path, model: Path, scenario: str, requests: int, workdir: Path, 
                 os.killpg(proc.pid, 9)
         log.close()
     total = 0
+    perf_map = Path(f"/tmp/perf-{fe.pid}.map")  # valgrind runs the server in its own process: the same pid
     for part in workdir.glob(f"callgrind.{rpc}*"):  # the dump, and the (empty) part written at exit
         for line in part.read_text(errors="replace").splitlines():
             if line.startswith("totals:"):
                 total += int(line.split()[1])
+        if functions and part.name != out.name and perf_map.exists():
+            print_functions(part, perf_map, requests, functions)
         part.unlink()
+    perf_map.unlink(missing_ok=True)
     return total // requests
+
+
+_ANNOTATED = re.compile(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+\?\?\?:0x([0-9a-f]+)(?:'\d+)? \[\?\?\?\]")
+"""A line of `callgrind_annotate --inclusive=yes` for code without a symbol: a perf trampoline, among others."""
+
+
+def print_functions(dump: Path, perf_map: Path, requests: int, top: int) -> None:
+    """The `top` Python functions by inclusive instructions per request: callgrind's unnamed code addresses looked
+    up in the interpreter's perf map (lines "START SIZE py::qualname:file", hex)."""
+    spans = []
+    for line in perf_map.read_text().splitlines():
+        start, size, name = line.split(" ", 2)
+        spans.append((int(start, 16), int(start, 16) + int(size, 16), name.removeprefix("py::")))
+    spans.sort()
+    starts = [span[0] for span in spans]
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)], capture_output=True, text=True
+    ).stdout
+    inclusive: dict[str, int] = {}
+    for line in annotated.splitlines():
+        match = _ANNOTATED.match(line)
+        if match is None:
+            continue
+        address = int(match.group(2), 16)
+        i = bisect.bisect_right(starts, address) - 1
+        if i >= 0 and address < spans[i][1]:
+            name = spans[i][2]  # a recursive function appears once per depth ('N): its outermost, largest, counts
+            inclusive[name] = max(inclusive.get(name, 0), int(match.group(1).replace(",", "")))
+    print(f"  instructions per request, inclusive, by Python function (top {top}):")
+    for name, total in sorted(inclusive.items(), key=lambda item: -item[1])[:top]:
+        print(f"  {total / requests / 1000:9.1f}k  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model-dir", type=Path, default=None, help="default ~/.cache/pyfront/tiny-qwen3")
     p.add_argument("--no-feh", action="store_true", help="front-end block hashing off (by default on)")
+    p.add_argument("--python", default=sys.executable, help="the server's interpreter (default this one)")
+    p.add_argument(
+        "--functions", type=int, default=0, metavar="N", help="print the top N Python functions (--python >= 3.12)"
+    )
     a = p.parse_args(argv)
+    if a.functions:
+        probe = [a.python, "-c", "import sys; print(sys.version_info >= (3, 12))"]
+        if subprocess.run(probe, capture_output=True, text=True).stdout.strip() != "True":
+            raise SystemExit(f"--functions needs a Python >= 3.12 for -X perf (--python {a.python})")
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found (Debian's valgrind package)")
@@ -128,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pyfront-instructions-") as tmp:
         for _ in range(a.rounds):
             for tree in trees:
-                counts[tree].append(count(tree, model, a.scenario, a.requests, Path(tmp), feh=not a.no_feh))
+                counts[tree].append(
+                    count(tree, model, a.scenario, a.requests, Path(tmp), not a.no_feh, a.python, a.functions)
+                )
                 print(f"{tree}: {counts[tree][-1]:,} instructions/request", flush=True)
     first = statistics.median(counts[trees[0]])
     print(f"\n{a.scenario}, {a.requests} requests a run, {a.rounds} rounds (median, min-max, ratio to the first tree):")
