@@ -24,9 +24,15 @@ def _is_int(value: object) -> TypeGuard[int]:
     return type(value) is int
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def _check_token_ids(name: str, ids: object) -> None:
-    if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t <= 2**31 - 1 for t in ids):
+    if not isinstance(ids, list):
         raise ValueError(f"{name} must be a list of non-negative int32 token ids")
+    for t in ids:  # a loop, not all() over a generator: these lists are short and checked on every request
+        if type(t) is not int or not 0 <= t <= _INT32_MAX:
+            raise ValueError(f"{name} must be a list of non-negative int32 token ids")
 
 
 def _check_prompt_ids(ids: object) -> None:
@@ -86,35 +92,48 @@ def _floats_plainly_valid(sp: SamplingParams) -> bool:
     )
 
 
+def _check_logprobs(name: str, value: object) -> None:
+    if not _is_int(value) or value < -1 or value > MAX_LOGPROBS:
+        raise ValueError(f"{name} must be -1 or between 0 and {MAX_LOGPROBS}, got {value!r}")
+
+
 def validate_sampling_params(sp: SamplingParams) -> None:
     if sp.n != 1:
         raise ValueError("n must be 1 on the wire (the front end fans n > 1 out into child requests)")
     if not _floats_plainly_valid(sp):
         for name, low, high, low_open in _FLOAT_RANGES:
             _check_float(name, getattr(sp, name), low, high, low_open=low_open)
-    if not _is_int(sp.top_k) or (sp.top_k < 1 and sp.top_k not in (0, -1)):
-        raise ValueError(f"top_k must be 0, -1 (off) or at least 1, got {sp.top_k!r}")
-    if not _is_int(sp.max_tokens) or not 1 <= sp.max_tokens <= _INT64_MAX:
-        raise ValueError(f"max_tokens must be an int >= 1, got {sp.max_tokens!r}")
-    if not _is_int(sp.min_tokens) or sp.min_tokens < 0:
-        raise ValueError(f"min_tokens must be an int >= 0, got {sp.min_tokens!r}")
-    if sp.min_tokens > sp.max_tokens:
-        raise ValueError(f"min_tokens ({sp.min_tokens}) must be <= max_tokens ({sp.max_tokens})")
-    for name in ("logprobs", "prompt_logprobs"):
-        value = getattr(sp, name)
-        if value is not None and (not _is_int(value) or value < -1 or value > MAX_LOGPROBS):
-            raise ValueError(f"{name} must be -1 or between 0 and {MAX_LOGPROBS}, got {value!r}")
+    top_k, max_tokens, min_tokens = sp.top_k, sp.max_tokens, sp.min_tokens
+    if type(top_k) is not int or (top_k < 1 and top_k not in (0, -1)):
+        raise ValueError(f"top_k must be 0, -1 (off) or at least 1, got {top_k!r}")
+    if type(max_tokens) is not int or not 1 <= max_tokens <= _INT64_MAX:
+        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    if type(min_tokens) is not int or min_tokens < 0:
+        raise ValueError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
+    if min_tokens > max_tokens:
+        raise ValueError(f"min_tokens ({min_tokens}) must be <= max_tokens ({max_tokens})")
+    if sp.logprobs is not None:
+        _check_logprobs("logprobs", sp.logprobs)
+    if sp.prompt_logprobs is not None:
+        _check_logprobs("prompt_logprobs", sp.prompt_logprobs)
     if sp.seed is not None and (not _is_int(sp.seed) or not -(2**63) <= sp.seed <= _INT64_MAX):
         raise ValueError(f"seed must be a 64-bit int, got {sp.seed!r}")
     stop = sp.stop
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        if not isinstance(stops, list):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
-    for name in ("stop_token_ids", "all_stop_token_ids", "allowed_token_ids", "logprob_token_ids"):
-        value = getattr(sp, name)
-        if value is not None:
-            _check_token_ids(name, value)
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+    if sp.stop_token_ids is not None:
+        _check_token_ids("stop_token_ids", sp.stop_token_ids)
+    if sp.all_stop_token_ids is not None:
+        _check_token_ids("all_stop_token_ids", sp.all_stop_token_ids)
+    if sp.allowed_token_ids is not None:
+        _check_token_ids("allowed_token_ids", sp.allowed_token_ids)
+    if sp.logprob_token_ids is not None:
+        _check_token_ids("logprob_token_ids", sp.logprob_token_ids)
     if sp.allowed_token_ids is not None and not sp.allowed_token_ids:
         raise ValueError("allowed_token_ids must not be empty")
     if sp.eos_token_id is not None and (not _is_int(sp.eos_token_id) or sp.eos_token_id < 0):

@@ -208,7 +208,12 @@ class ResponseCycle(RequestResponseCycle):
         if self.response_started:
             raise RuntimeError("Expected ASGI message 'http.response.body', but got 'http.response.start'.")
         defaults = self._defaults.get(self.default_headers)
-        if defaults is None or self.scope["method"] == "HEAD" or any(name.lower() in _ACTED_ON for name, _ in extra):
+        acted_on = False
+        for name, _ in extra:  # a loop, not any() over a generator: one header or none, usually
+            if name.lower() in _ACTED_ON:
+                acted_on = True
+                break
+        if defaults is None or self.scope["method"] == "HEAD" or acted_on:
             headers = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json"), *extra]
             head = self._head(200, headers)
             self.expected_content_length = 0

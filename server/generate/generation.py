@@ -148,10 +148,12 @@ class Generation:
         self.priority = priority
         self.external_id = external_id
         internal = state.engine_ids(base_id)
-        ids = [internal] if n == 1 else [f"{i}_{internal}" for i in range(n)]
         self._text_factory = text_factory
         owner = cast(Generation, weakref.proxy(self))  # see Choice.generation
-        self.choices = [Choice(i, rid, generation=owner, number=i) for i, rid in enumerate(ids)]
+        if n == 1:  # the usual case, without a comprehension's frame
+            self.choices = [Choice(0, internal, generation=owner, number=0)]
+        else:  # vLLM's child request ids
+            self.choices = [Choice(i, f"{i}_{internal}", generation=owner, number=i) for i in range(n)]
         self.arrival = time.time()
         self.started = time.monotonic()
         self.first_token_at: float | None = None
@@ -279,7 +281,8 @@ class Generation:
 
     def usage(self, *, streamed: bool) -> dict[str, Any]:
         """The chat answer's usage: the non-streamed body (`streamed=False`) or the final usage chunk."""
-        completion = sum(c.text.num_tokens for c in self.choices)
+        choices = self.choices
+        completion = choices[0].text.num_tokens if len(choices) == 1 else sum(c.text.num_tokens for c in choices)
         reasoning = None
         if self.state.reasoning_parser is not None:
             reasoning = sum(self.reasoning_tokens(c) or 0 for c in self.choices)
@@ -461,10 +464,15 @@ async def fold_generations(generations: Sequence[Generation]) -> None:
     generations'); a stop string's abort of its own choice does not (the choice is done by then). The caller
     aborts what is left on an error.
     """
-    choices = [c for g in generations for c in g.choices if c.stream is not None]
+    if len(generations) == 1 and len(generations[0].choices) == 1:  # the usual answer, without comprehensions
+        only = generations[0]
+        choices = [only.choices[0]] if only.choices[0].stream is not None else []
+        deadlines = [only.deadline] if only.deadline is not None else []
+    else:
+        choices = [c for g in generations for c in g.choices if c.stream is not None]
+        deadlines = [g.deadline for g in generations if g.deadline is not None]
     loop = asyncio.get_running_loop()
     waiting = _Fold(choices, loop.create_future())
-    deadlines = [g.deadline for g in generations if g.deadline is not None]
     timer: asyncio.TimerHandle | None = None
     try:
         for choice in choices:
@@ -493,7 +501,11 @@ class _Fold:
 
     def __init__(self, choices: list[Choice], future: asyncio.Future[None]) -> None:
         self.future = future
-        self.pending = sum(1 for c in choices if not c.done)
+        pending = 0
+        for choice in choices:  # a loop, not sum() over a generator: one choice, usually
+            if not choice.done:
+                pending += 1
+        self.pending = pending
         if not self.pending:
             future.set_result(None)
 

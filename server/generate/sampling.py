@@ -267,10 +267,11 @@ def build_sampling_params(
             if not ignore_eos:
                 eos_ids.update(stop_token_ids)
                 stop_token_ids = list(eos_ids)
-    if any(t < 0 or t >= vocab_size for t in all_stop_token_ids):
-        raise RequestValidationError(
-            f"EOS / stop token ids {sorted(all_stop_token_ids)} must be below the vocabulary size {vocab_size}"
-        )
+    for t in all_stop_token_ids:  # a loop, not any() over a generator: every request has one or two
+        if t < 0 or t >= vocab_size:
+            raise RequestValidationError(
+                f"EOS / stop token ids {sorted(all_stop_token_ids)} must be below the vocabulary size {vocab_size}"
+            )
 
     # --- update_from_tokenizer: bad words ---------------------------------------------------------------
     bad_words = list(dict.fromkeys(request.bad_words)) if request.bad_words else []
@@ -343,6 +344,11 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 
 def _check_vocab(ids: Sequence[int], name: str, vocab_size: int) -> None:
+    for t in ids:  # a loop first: the list of the invalid ones is made only for the error
+        if t < 0 or t >= vocab_size:
+            break
+    else:
+        return
     invalid = [t for t in ids if t < 0 or t >= vocab_size]
     if invalid:
         raise RequestValidationError(

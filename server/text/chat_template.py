@@ -300,7 +300,7 @@ def alias_reasoning_fields(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def select_template(templates: str | Mapping[str, str] | None, chat_template: str | None, tools: Any) -> str:
     """transformers' ``get_chat_template``: the template source a render uses, with its errors' words."""
-    if isinstance(templates, Mapping):
+    if type(templates) is not str and isinstance(templates, Mapping):  # the usual one template: no ABC check
         if chat_template is not None and chat_template in templates:
             return templates[chat_template]
         if chat_template is None:
@@ -356,9 +356,13 @@ class ChatRender:
             for message in messages:
                 if type(message) is not dict:
                     return None
-                chat.append({key: plain_copy(value) for key, value in message.items() if value is not None})
-                if any(type(key) is not str for key in message):
-                    return None
+                copy = {}
+                for key, value in message.items():  # one loop, no comprehension or generator per message
+                    if type(key) is not str:
+                        return None
+                    if value is not None:
+                        copy[key] = plain_copy(value)
+                chat.append(copy)
             tool_schemas = None if tools is None else plain_copy(tools)
             docs = None if documents is None else plain_copy(documents)
             template_kwargs = {**self.special_tokens, **plain_copy(kwargs)} if kwargs else self.special_tokens

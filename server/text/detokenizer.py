@@ -348,7 +348,7 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
         self._factory = factory
         self._backend = factory.backend
         self._skip = skip_special_tokens
-        tail = [int(t) for t in prompt_tail]
+        tail = list(map(int, prompt_tail))
         # vLLM primes the stream with the whole prompt (native prefill); the tail is enough.
         self._stream = _DecodeStream(ids=tail, skip_special_tokens=skip_special_tokens)
         self._step = self._stream.step

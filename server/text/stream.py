@@ -102,13 +102,14 @@ class TextStream:
             stops = (stop,)
         else:
             stops = tuple(stop)
-        if any(not s for s in stops):
-            raise ValueError("stop cannot contain an empty string.")
+        for s in stops:  # loops, not generators: most requests have no stop strings
+            if not s:
+                raise ValueError("stop cannot contain an empty string.")
         self._stops = stops
-        self._stop_items = tuple((st, len(st) - 1) for st in stops)
+        self._stop_items = tuple([(st, len(st) - 1) for st in stops]) if stops else ()
         self._include = include_stop_str_in_output
         self._min_tokens = min_tokens
-        self._max_stop_len = max((len(s) for s in stops), default=0)
+        self._max_stop_len = max(map(len, stops)) if stops else 0
         self._buffer_len = self._max_stop_len - 1 if stops and not include_stop_str_in_output else 0
         self._flush_partial = flush_partial_utf8
         self.token_ids: list[int] = []
