@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -115,11 +116,13 @@ class TemplateNamespace(jinja2.utils.Namespace):
         self, args = args[0], args[1:]
         attrs = dict(*args, **kwargs)
         for name in attrs:
-            TemplateNamespace._check_name(name)
+            if isinstance(name, str) and name.startswith("_"):  # _check_name's test, without its call per name
+                TemplateNamespace._check_name(name)
         jinja2.utils.Namespace.__init__(self, attrs)
 
     def __setitem__(self, name: str, value: Any) -> None:
-        TemplateNamespace._check_name(name)
+        if isinstance(name, str) and name.startswith("_"):  # _check_name's test, without its call on each set
+            TemplateNamespace._check_name(name)
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
@@ -156,6 +159,9 @@ _DICT_ATTRIBUTES = frozenset(dir(dict))
 _BUILTIN_METHOD = type("".strip)
 """``builtin_function_or_method``: what ``content.strip``, ``message.get`` and the like are in a template."""
 
+_METHOD_TYPES = (types.MethodType, types.BuiltinMethodType)
+"""The values jinja's ``wrap_str_format`` looks at further (it returns None for anything else)."""
+
 
 class _FastSandbox(ImmutableSandboxedEnvironment):
     """transformers' chat-template sandbox with two exact shortcuts in attribute lookup and one in calls.
@@ -181,7 +187,10 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
     and ``modifies_known_mutable`` are ``isinstance`` tests and set lookups; the value is not read), so for the
     exact types a template's data and loop variables have (``str``, ``list``, ``dict``, jinja's ``LoopContext``
     and the ``namespace`` class in the environment's globals) its answer is kept per (type, name): at most one
-    entry per attribute those types have. Every other object goes through the sandbox's own methods.
+    entry per attribute those types have. With that answer kept, ``getattr`` on an exact ``str`` (``content.strip``)
+    or a namespace (``ns.found``) runs the sandbox's own steps without its calls: the attribute, jinja's
+    ``wrap_str_format`` only for a method (the one kind of value it wraps), and the kept answer, True. Every other
+    object goes through the sandbox's own methods.
     """
 
     _CACHED_TYPES = frozenset({str, list, dict, LoopContext, TemplateNamespace})
@@ -196,11 +205,24 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
         self._safe_attributes: dict[tuple[type, str], bool] = {}
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
             try:
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
+        if (kind is str or kind is TemplateNamespace) and self._safe_attributes.get((kind, attribute)) is True:
+            # The sandbox's getattr for an attribute found safe before: getattr, then `wrap_str_format` (which
+            # wraps only a method named format or format_map), then the safety check (cached, True).
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return super().getattr(obj, attribute)  # its item lookup and undefined
+            if isinstance(value, _METHOD_TYPES):
+                wrapped = self.wrap_str_format(value)
+                if wrapped is not None:
+                    return wrapped
+            return value
         return super().getattr(obj, attribute)
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
