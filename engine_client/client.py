@@ -431,7 +431,7 @@ class EngineClient:
         for engine in self.engines:
             if engine.in_flight and engine.connected:
                 with contextlib.suppress(EngineError, zmq.ZMQError):
-                    await self._send(engine, codec.encode_abort(sorted(engine.in_flight)))
+                    self._send(engine, codec.encode_abort(sorted(engine.in_flight)))
         for stream in self._streams.values():
             stream.fail(EngineUnavailableError("the engine client is shutting down"))
         self._streams.clear()
@@ -621,6 +621,15 @@ class EngineClient:
                 prefixes = index.longest_prefixes(keys)
             else:
                 prefixes = await asyncio.to_thread(index.longest_prefixes, keys)
+        return self._pick(request, keys, prefixes)
+
+    def _pick(
+        self, request: EngineCoreRequest, keys: list[int], prefixes: list[int] | None
+    ) -> tuple[EngineState, Prediction | None, list[int]]:
+        """`_route`'s choice once the prompt's block keys and the engines' cached prefixes are known (none without
+        an index: one engine, whose requests skip `_route`'s coroutine)."""
+        index = self._index
+        prompt = request.prompt_token_ids
         num_tokens = len(prompt) if prompt is not None else 0
         decision = self._router.pick(self.engines, num_tokens, prefixes, index.block_size if index else 1)
         if decision is None:
@@ -671,10 +680,11 @@ class EngineClient:
 
     # ------------------------------------------------------------------ requests
 
-    async def _send(self, engine: EngineState, frames: list, *, at_once: bool = False) -> None:
+    def _send(self, engine: EngineState, frames: list, *, at_once: bool = False) -> None:
         """Send `[type, payload, aux...]` to one engine; a vanished engine is marked dead at once.
 
-        `at_once`: see `EngineSockets.send`."""
+        `at_once`: see `EngineSockets.send`. Not a coroutine: the sockets' `send` only queues or writes, and a
+        coroutine object per request costs more than the call."""
         assert self._sockets is not None
         try:
             self._sockets.send(engine.identity, frames, at_once=at_once)
@@ -731,6 +741,8 @@ class EngineClient:
             if not engine.healthy:
                 raise EngineUnavailableError(f"engine rank {rank} is {engine.status}")
             self.routing_stats.decided("explicit", "none")
+        elif self._index is None:
+            engine, prediction, keys = self._pick(request, [], None)
         else:
             engine, prediction, keys = await self._route(request)
         if request.request_id in self._streams:  # re-check: hashing and encoding awaited
@@ -744,7 +756,7 @@ class EngineClient:
         idle = not engine.in_flight
         engine.in_flight.add(request.request_id)
         try:
-            await self._send(engine, frames, at_once=idle)
+            self._send(engine, frames, at_once=idle)
         except BaseException:
             self._forget(request.request_id)
             raise
@@ -772,7 +784,7 @@ class EngineClient:
                 by_engine.setdefault(engine.rank, []).append(request_id)
         for rank, ids in by_engine.items():
             with contextlib.suppress(EngineDeadError):
-                await self._send(self.engines[rank], codec.encode_abort(ids))
+                self._send(self.engines[rank], codec.encode_abort(ids))
 
     async def call_utility(
         self, method: str, *args: Any, rank: int | None = None, timeout_s: float | None = None
@@ -790,7 +802,7 @@ class EngineClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._utility_calls[call_id] = future
         try:
-            await self._send(engine, codec.encode_utility(self.config.client_index, call_id, method, args))
+            self._send(engine, codec.encode_utility(self.config.client_index, call_id, method, args))
             return await asyncio.wait_for(future, timeout)
         finally:
             self._utility_calls.pop(call_id, None)
@@ -962,7 +974,7 @@ class EngineClient:
 
     async def _abort_quietly(self, engine: EngineState, request_ids: list[str]) -> None:
         with contextlib.suppress(EngineError, zmq.ZMQError):
-            await self._send(engine, codec.encode_abort(request_ids))
+            self._send(engine, codec.encode_abort(request_ids))
 
     async def _ping(self, engine: EngineState, timeout: float, *, stall_on_timeout: bool = True) -> None:
         try:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -324,9 +324,9 @@ class Generation:
             timeout = remaining if timeout is None else min(timeout, remaining)
         return timeout
 
-    async def fold(self) -> None:
-        """A non-streamed answer: see :func:`fold_generations`."""
-        await fold_generations([self])
+    def fold(self) -> Coroutine[Any, Any, None]:
+        """A non-streamed answer: see :func:`fold_generations` (its coroutine itself, not one more around it)."""
+        return fold_generations([self])
 
     async def _choice_batches(self, choice: Choice) -> AsyncIterator[tuple[Choice, list[EngineCoreOutput]]]:
         """One choice's outputs until its final one; raises DeadlineExceeded at the deadline."""
