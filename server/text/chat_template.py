@@ -225,6 +225,19 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
             return value
         return super().getattr(obj, attribute)
 
+    def render(self, template: jinja2.Template, variables: dict[str, Any]) -> str:
+        """``template.render(**variables)`` (jinja 3.1's ``Template.render`` of a sync environment) without its
+        wrapper layers: the context its ``new_context`` makes (the template's globals, then the variables), the
+        root render function joined, and the environment's handling of an exception (its traceback rewritten)."""
+        parent = dict(template.globals)
+        parent.update(variables)
+        context = self.context_class(self, parent, template.name, template.blocks, globals=template.globals)
+        try:
+            rendered: str = self.concat(template.root_render_func(context))
+        except Exception:
+            self.handle_exception()
+        return rendered
+
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         if type(obj) is not _BUILTIN_METHOD and obj is not TemplateNamespace and type(obj) is not TemplateDict:
             return super().call(context, obj, *args, **kwargs)
@@ -410,13 +423,10 @@ class ChatRender:
         final = None
         if continue_final_message:
             final = self._tag_final_message(chat, source)
-        rendered: str = compiled.render(
-            messages=chat,
-            tools=tool_schemas,
-            documents=docs,
-            add_generation_prompt=add_generation_prompt,
-            **template_kwargs,
-        )
+        variables = {"messages": chat, "tools": tool_schemas, "documents": docs}
+        variables["add_generation_prompt"] = add_generation_prompt
+        variables.update(template_kwargs)  # no key in common with the four: WRAPPER_PARAMETERS
+        rendered = self.compiled.environment.render(compiled, variables)
         if final is not None:
             rendered = self._cut_at_tag(rendered, final)
         return rendered
