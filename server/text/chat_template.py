@@ -41,7 +41,11 @@ from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 VERIFIED_JINJA = ("3.1.",)
-"""jinja2 releases whose sandbox ``getattr`` / ``call`` and ``Context.call`` were read against ``_FastSandbox``."""
+"""jinja2 releases whose sandbox ``getattr`` / ``call``, ``Context.call``, ``Template.render`` and ``Namespace``'s
+attribute store were read against ``_FastSandbox`` and :class:`TemplateNamespace`."""
+
+_NAMESPACE_ATTRS = "_Namespace__attrs"
+"""Where jinja's ``Namespace`` keeps its attributes (its name-mangled ``__attrs`` dict)."""
 
 WRAPPER_PARAMETERS = frozenset(
     {
@@ -118,12 +122,13 @@ class TemplateNamespace(jinja2.utils.Namespace):
         for name in attrs:
             if isinstance(name, str) and name.startswith("_"):  # _check_name's test, without its call per name
                 TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
+        object.__setattr__(self, _NAMESPACE_ATTRS, attrs)  # Namespace.__init__'s store (attrs is a fresh dict)
 
     def __setitem__(self, name: str, value: Any) -> None:
         if isinstance(name, str) and name.startswith("_"):  # _check_name's test, without its call on each set
             TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
+        # Namespace.__setitem__, without the two Python frames of its own __getattribute__ on the way
+        object.__getattribute__(self, _NAMESPACE_ATTRS)[name] = value
 
     @staticmethod
     def _check_name(name: Any) -> None:
@@ -214,10 +219,16 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
         if (kind is str or kind is TemplateNamespace) and self._safe_attributes.get((kind, attribute)) is True:
             # The sandbox's getattr for an attribute found safe before: getattr, then `wrap_str_format` (which
             # wraps only a method named format or format_map), then the safety check (cached, True).
-            try:
-                value = getattr(obj, attribute)
-            except AttributeError:
-                return super().getattr(obj, attribute)  # its item lookup and undefined
+            if kind is TemplateNamespace:  # Namespace.__getattribute__ for a name it holds, without its frames
+                attrs = object.__getattribute__(obj, _NAMESPACE_ATTRS)
+                if attribute not in attrs:
+                    return super().getattr(obj, attribute)  # its AttributeError, item lookup and undefined
+                value = attrs[attribute]
+            else:
+                try:
+                    value = getattr(obj, attribute)
+                except AttributeError:
+                    return super().getattr(obj, attribute)  # its item lookup and undefined
             if isinstance(value, _METHOD_TYPES):
                 wrapped = self.wrap_str_format(value)
                 if wrapped is not None:
