@@ -56,6 +56,7 @@ from pyfront.engine_client.handshake import (
     ClientAddresses,
     HandshakeError,
     HandshakeServer,
+    handshake_address,
     identity_rank,
 )
 from pyfront.engine_client.io_threads import batch_io_threads
@@ -303,7 +304,9 @@ def _is_loopback(host: str) -> bool:
 class EngineClient:
     """Create with `await EngineClient.start(config)`; close with `await client.close()`."""
 
-    def __init__(self, config: EngineClientConfig) -> None:
+    def __init__(self, config: EngineClientConfig, handshake: HandshakeServer | None = None) -> None:
+        if handshake is not None and not config.run_handshake:
+            raise ValueError("a handshake socket was given to an engine client that does not run the handshake")
         self.config = config
         self.ctx = zmq.asyncio.Context()
         self.engines: list[EngineState] = []
@@ -327,15 +330,18 @@ class EngineClient:
         self._closed = False
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self._sockets: EngineSockets | None = None
-        self._handshake: HandshakeServer | None = None
+        self._handshake = handshake
+        """The handshake socket when this client runs the handshake: given already bound, or bound in `_start`."""
         self.input_address = ""
         self.output_address = ""
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    async def start(cls, config: EngineClientConfig) -> EngineClient:
-        client = cls(config)
+    async def start(cls, config: EngineClientConfig, handshake: HandshakeServer | None = None) -> EngineClient:
+        """Bind, admit the engines, negotiate FEH, start the background tasks. `handshake`: the handshake socket
+        already bound (`config.run_handshake`), which the client owns from here, closed on failure too."""
+        client = cls(config, handshake)
         try:
             await client._start()
         except BaseException:
@@ -372,16 +378,15 @@ class EngineClient:
         if cfg.run_handshake:
             if cfg.client_count != 1:
                 raise ValueError("run the handshake for several front-end processes with run_handshake()")
-            host = cfg.data_parallel_address
-            if ":" in host:
-                host = f"[{host}]"
-            self._handshake = HandshakeServer(
-                self.ctx,
-                f"tcp://{host}:{cfg.data_parallel_rpc_port}",
-                cfg.data_parallel_size,
-                [ClientAddresses(self.input_address, self.output_address)],
+            if self._handshake is None:
+                self._handshake = HandshakeServer(
+                    handshake_address(cfg.data_parallel_address, cfg.data_parallel_rpc_port),
+                    cfg.data_parallel_size,
+                    self.ctx,
+                )
+            await self._handshake.startup(
+                [ClientAddresses(self.input_address, self.output_address)], cfg.startup_timeout_s
             )
-            await self._handshake.startup(cfg.startup_timeout_s)
         registrations = await self._collect_registrations(deadline)
         self.engines = [EngineState(rank, engine_identity(rank), registrations[rank]) for rank in sorted(registrations)]
         self.max_model_len = min(reg.max_model_len for reg in registrations.values())

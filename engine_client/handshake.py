@@ -63,6 +63,11 @@ class ClientAddresses:
     output_address: str
 
 
+def handshake_address(host: str, port: int) -> str:
+    """The handshake socket's ZMQ address for `--data-parallel-address` and `--data-parallel-rpc-port`."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
 def init_metadata(clients: Sequence[ClientAddresses]) -> EngineHandshakeMetadata:
     """INIT for a dense deployment without a coordinator: `parallel_config` stays empty, as in vllm-rs.
 
@@ -81,39 +86,50 @@ class HandshakeServer:
     for the same reason when elastic EP re-adds a rank (`core_client.py` `MPClient.__init__`).
     """
 
-    def __init__(
-        self,
-        ctx: zmq.asyncio.Context,
-        address: str,
-        data_parallel_size: int,
-        clients: Sequence[ClientAddresses],
-    ) -> None:
-        """Bind `address` at once (raises HandshakeError if it cannot), so engines may connect before `startup()`."""
+    def __init__(self, address: str, data_parallel_size: int, ctx: zmq.asyncio.Context | None = None) -> None:
+        """Bind `address` at once (raises HandshakeError if it cannot), so engines may connect before `startup()`.
+
+        An engine that connects early says HELLO, and the HELLO waits in the socket's queue until `startup()`
+        reads it. That is why `pyfront serve` binds before it imports the app and loads the tokenizer
+        (`server.launcher.run_server`): ZMQ retries a refused connect only every 100-200 ms, so an engine that
+        waits for a front end not bound yet gets in up to 200 ms after the bind. With no `ctx` the server makes
+        its own context, which `close()` ends.
+        """
         self.address = address
         self.data_parallel_size = data_parallel_size
-        self._init = codec.encode_init(init_metadata(clients))
+        self._init = b""
+        """INIT, encoded once `startup()` knows the front-end processes' addresses."""
         self._expected = set(range(data_parallel_size))
         self._restarting: set[int] = set()
         """Ranks that said HELLO after start-up and have not said READY yet."""
-        self._socket = ctx.socket(zmq.ROUTER)
+        self._own_ctx = ctx is None
+        self._ctx = zmq.asyncio.Context() if ctx is None else ctx
+        self._socket = self._ctx.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             self._socket.bind(address)
         except zmq.ZMQError as exc:
-            self._socket.close()
-            raise HandshakeError(f"cannot bind the handshake socket {address}: {exc}") from None
+            self.close()
+            why = zmq.strerror(exc.errno) if exc.errno is not None else str(exc)  # pyzmq's str() repeats the address
+            raise HandshakeError(f"cannot bind the handshake socket {address}: {why}") from None
 
     def close(self) -> None:
+        """Close the socket (and the context, if it is the server's own); a second call does nothing."""
+        if self._socket.closed:
+            return
         self._socket.close(linger=0)
+        if self._own_ctx:
+            self._ctx.term()
 
-    async def startup(self, timeout_s: float) -> dict[int, EngineHandshakeMessage]:
-        """Admit every rank once; return each rank's READY message.
+    async def startup(self, clients: Sequence[ClientAddresses], timeout_s: float) -> dict[int, EngineHandshakeMessage]:
+        """Admit every rank once, sending INIT with the sockets of `clients`; return each rank's READY message.
 
         Raises HandshakeError naming the ranks that never said HELLO or READY within `timeout_s`, or on a
         protocol violation (unexpected rank, READY before INIT, an engine that claims to be local): at
         start-up nothing serves yet, so failing loudly beats serving a deployment that is not the one asked for.
         """
+        self._init = codec.encode_init(init_metadata(clients))
         socket = self._socket
         size = self.data_parallel_size
         expected = self._expected
@@ -173,6 +189,7 @@ class HandshakeServer:
 
     async def serve_restarts(self) -> None:
         """After start-up, until cancelled: answer the HELLO of a restarted engine with INIT (see the module doc)."""
+        assert self._init, "serve_restarts() runs after startup()"
         while True:
             await self._handle_after_startup(await self._socket.recv_multipart())
 

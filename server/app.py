@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from pyfront.engine_client.handshake import HandshakeServer
 from pyfront.server.api.lane import FastLane, PyfrontApp
 from pyfront.server.api.middleware import user_middleware
 from pyfront.server.api.openapi import add_offline_docs
@@ -83,9 +84,13 @@ def resolve_tool_parser(name: str | None, tokenizer: Tokenizer) -> type[ToolCall
     return parser
 
 
-def create_app(config: ServerConfig | None = None) -> FastAPI:
+def create_app(config: ServerConfig | None = None, handshake: HandshakeServer | None = None) -> FastAPI:
     """The application; with no config (`uvicorn pyfront.server.app:create_app --factory`), settings come
-    from PYFRONT_* environment variables, and a bad PYFRONT_MODEL / PYFRONT_TOKENIZER exits with one line."""
+    from PYFRONT_* environment variables, and a bad PYFRONT_MODEL / PYFRONT_TOKENIZER exits with one line.
+
+    `handshake`: the engine handshake socket, already bound (`launcher.run_server`); the app owns it from here.
+    Without one, the engine client binds it when the app starts.
+    """
     if config is None:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
         config = ServerConfig.from_env()
@@ -125,12 +130,15 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         mock = MockEngineProcess(config) if config.mock_engine else None
-        starter = asyncio.create_task(start_engine(state, config))
+        starter = asyncio.create_task(start_engine(state, config, handshake))
         # Everything built so far (tokenizer, template, FastAPI app) lives as long as the process: keep the
-        # collector from walking it again on every full collection (as vLLM's server does).
+        # collector from walking it again on every full collection (as vLLM's server does). `pyfront serve` ran
+        # the imports and the construction with the collector off (launcher.run_server): this is its one
+        # collection of them, and the collector runs from here on.
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+        gc.enable()
         _return_free_heap()
         try:
             yield
@@ -141,6 +149,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 await starter
             if state.engine is not None:
                 await state.engine.close()
+            if handshake is not None:  # the engine client closes it; this covers a start-up that never got to it
+                handshake.close()
             if mock is not None:
                 mock.stop()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import multiprocessing
@@ -31,10 +32,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
-import zmq
-import zmq.asyncio
-
-from pyfront.engine_client.handshake import ClientAddresses, HandshakeError, HandshakeServer
+from pyfront.engine_client.handshake import ClientAddresses, HandshakeError, HandshakeServer, handshake_address
 from pyfront.server.config import ServerConfig
 from pyfront.server.errors import FORCED_EXIT
 
@@ -141,13 +139,31 @@ def banner(config: ServerConfig, port: int) -> str:
 def run_server(config: ServerConfig, sock: socket.socket | None = None) -> None:
     """One API server process: build the app and serve until SIGTERM/SIGINT.
 
-    Everything that can fail on a user's input (the tokenizer, the TLS files) fails here, before the
-    server listens, as one line.
+    Everything that can fail on a user's input (the handshake port, the tokenizer, the TLS files) fails here,
+    before the server listens, as one line.
+
+    A single API server binds its engine handshake first, before it imports the app and loads the tokenizer
+    (most of its start-up): an engine already waiting connects meanwhile, and its HELLO is read the moment the
+    engine client starts, instead of on the engine's next connect retry (ZMQ retries every 100-200 ms).
+
+    The collector is off until the app's lifespan has collected and frozen what start-up built (`create_app`):
+    the imports alone would otherwise trigger ~150 collections, three of them full (~70 ms of a ~1 s start),
+    each walking every module object made so far, all of which lives as long as the process.
     """
+    gc.disable()
+    handshake = None
+    if config.client_count == 1:
+        try:
+            handshake = HandshakeServer(
+                handshake_address(config.data_parallel_address, config.data_parallel_rpc_port),
+                config.data_parallel_size,
+            )
+        except HandshakeError as exc:
+            raise SystemExit(f"pyfront: {exc}") from None
     from pyfront.server.app import create_app
 
     try:
-        app = create_app(config)
+        app = create_app(config, handshake)
     except (OSError, RuntimeError, ValueError) as exc:
         raise SystemExit(f"pyfront: {exc}") from None
     uvicorn_config = build_uvicorn_config(app, config)
@@ -310,15 +326,12 @@ async def _handshake(config: ServerConfig, addresses: list[ClientAddresses]) -> 
     A failed start-up is logged, not raised: the API servers report the ranks they miss themselves, and the
     supervisor keeps running until it is told to stop.
     """
-    ctx = zmq.asyncio.Context()
     server: HandshakeServer | None = None
     try:
-        host = config.data_parallel_address
-        bracketed = f"[{host}]" if ":" in host else host
         server = HandshakeServer(
-            ctx, f"tcp://{bracketed}:{config.data_parallel_rpc_port}", config.data_parallel_size, addresses
+            handshake_address(config.data_parallel_address, config.data_parallel_rpc_port), config.data_parallel_size
         )
-        await server.startup(config.engine_startup_timeout)
+        await server.startup(addresses, config.engine_startup_timeout)
         logger.info("all %d engine(s) admitted for %d API servers", config.data_parallel_size, len(addresses))
         await server.serve_restarts()
     except HandshakeError as exc:
@@ -326,7 +339,6 @@ async def _handshake(config: ServerConfig, addresses: list[ClientAddresses]) -> 
     finally:
         if server is not None:
             server.close()
-        ctx.term()
 
 
 async def _supervise(children: list[multiprocessing.process.BaseProcess], stopping: Callable[[], bool]) -> None:

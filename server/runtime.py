@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from pyfront.engine_client.client import EngineClient, EngineClientConfig
+from pyfront.engine_client.handshake import HandshakeServer, handshake_address
 from pyfront.engine_client.kv_events import parse_config_flag
 from pyfront.engine_client.routing import RoutingConfig
 from pyfront.server.config import ServerConfig
@@ -61,16 +62,16 @@ class MockEngineProcess:
                 self.proc.wait(5)
 
 
-async def start_engine(state: ServingState, config: ServerConfig) -> None:
+async def start_engine(state: ServingState, config: ServerConfig, handshake: HandshakeServer | None = None) -> None:
+    """Start the engine client (with `handshake`, the handshake socket already bound, if any) into `state`."""
     if config.client_count == 1:
         host = config.data_parallel_address
         ranks = "rank 0" if config.data_parallel_size == 1 else f"ranks 0-{config.data_parallel_size - 1}"
         logger.info(
-            "waiting for %d engine(s) (%s) to connect to the handshake address tcp://%s:%d%s",
+            "waiting for %d engine(s) (%s) to connect to the handshake address %s%s",
             config.data_parallel_size,
             ranks,
-            f"[{host}]" if ":" in host else host,
-            config.data_parallel_rpc_port,
+            handshake_address(host, config.data_parallel_rpc_port),
             " (the bundled mock engine)"
             if config.mock_engine
             else f"; start them with `vllm serve MODEL --headless --data-parallel-address {host} "
@@ -104,7 +105,8 @@ async def start_engine(state: ServingState, config: ServerConfig) -> None:
                     parse_config_flag(config.kv_events_config) if config.kv_events_config is not None else None
                 ),
                 kv_events_hosts=config.kv_events_hosts,
-            )
+            ),
+            handshake,
         )
         logger.info("%d engine(s) admitted; max_model_len %d", config.data_parallel_size, state.engine.max_model_len)
     except Exception as exc:

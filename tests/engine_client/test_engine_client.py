@@ -33,7 +33,7 @@ from pyfront.engine_client.client import (
     EngineUnavailableError,
     RequestAbortedError,
 )
-from pyfront.engine_client.handshake import HandshakeError
+from pyfront.engine_client.handshake import HandshakeError, HandshakeServer, handshake_address
 from pyfront.engine_client.mock_engine import MockConfig, MockEngineRank, run_mock_engine
 from pyfront.engine_client.protocol import (
     REQUEST_TYPE_ABORT,
@@ -248,6 +248,38 @@ def test_handshake_timeout_names_missing_ranks() -> None:
 
     with mock_threads(port, [0]):
         asyncio.run(main())
+
+
+def test_a_handshake_socket_bound_before_the_client_admits_engines_that_said_hello_meanwhile() -> None:
+    """What `pyfront serve` does (launcher.run_server): bind the handshake socket first, start the engine client
+    much later. Engines that connected and said HELLO in between are admitted from the socket's queue; the
+    client owns the socket from then on and closes it (and its own context) with itself."""
+    port = free_port()
+    handshake = HandshakeServer(handshake_address("127.0.0.1", port), 2)  # no event loop yet, its own context
+
+    async def main() -> None:
+        await asyncio.sleep(0.5)  # both ranks connect and say HELLO while nobody reads the socket
+        config = EngineClientConfig(data_parallel_rpc_port=port, data_parallel_size=2, startup_timeout_s=20)
+        client = await EngineClient.start(config, handshake)
+        try:
+            assert sorted(e.rank for e in client.engines) == [0, 1]
+            assert await client.call_utility("get_supported_tasks", rank=1) == ["generate"]
+        finally:
+            await client.close()
+        HandshakeServer(handshake_address("127.0.0.1", port), 1).close()  # closed with the client: the port is free
+
+    with mock_threads(port, [0, 1]):
+        asyncio.run(main())
+
+
+def test_a_handshake_socket_needs_a_client_that_runs_the_handshake() -> None:
+    handshake = HandshakeServer(handshake_address("127.0.0.1", free_port()), 1)
+    try:
+        with pytest.raises(ValueError, match="does not run the handshake"):
+            EngineClient(EngineClientConfig(run_handshake=False, client_count=2), handshake)
+    finally:
+        handshake.close()
+        handshake.close()  # a second close does nothing
 
 
 # ---------------------------------------------------------------- FEH negotiation matrix

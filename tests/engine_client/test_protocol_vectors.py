@@ -885,11 +885,11 @@ def test_handshake_codecs_match_vllm_handshake_code() -> None:
         port = free_port()
         address = f"tcp://127.0.0.1:{port}"
         got: list[Any] = []
-        server = HandshakeServer(actx, address, 1, clients)
+        server = HandshakeServer(address, 1, actx)
         thread = threading.Thread(target=vllm_engine_side, args=(address, ectx, got))
         try:
             thread.start()
-            ready = await server.startup(20.0)
+            ready = await server.startup(clients, 20.0)
             await asyncio.to_thread(thread.join, 20)
             restarts = asyncio.create_task(server.serve_restarts())
             again = threading.Thread(target=vllm_engine_side, args=(address, ectx, got))

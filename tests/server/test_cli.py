@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -239,6 +240,20 @@ def test_a_model_that_cannot_load_is_one_line_and_no_banner(tmp_path: Path, mode
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("pyfront: ") and expected in lines[0]
     assert "bundled 'pyfront/qwen3-tokenizer'" in lines[0]
+
+
+def test_a_taken_handshake_port_is_one_line_before_anything_loads(tmp_path: Path) -> None:
+    """`pyfront serve` binds the engine handshake first (launcher.run_server): a port in use fails at once."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        rpc = taken.getsockname()[1]
+        result = run_cli("serve", "--mock-engine", "--port", str(free_port()), "--data-parallel-rpc-port", str(rpc))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("20")]  # log lines
+    assert lines == [f"pyfront: cannot bind the handshake socket tcp://127.0.0.1:{rpc}: Address already in use"]
+    assert "tokenizer" not in result.stderr  # failed before the tokenizer load
 
 
 def test_banner_quoting_survives_the_shell() -> None:
