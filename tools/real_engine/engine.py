@@ -411,8 +411,10 @@ def start_vllm_rs_frontend(
     return _spawn("vllm-rs", argv, log_path, rpc_port, http_port, env, stop_at_exit)
 
 
-def wait_healthy(target: Handle | str, timeout: float = 180.0, also_alive: list[Handle] = ()) -> float:
-    """Poll GET {url}/health until 200. Fails fast (with the log tail) if `target` or any handle in
+def wait_healthy(
+    target: Handle | str, timeout: float = 180.0, also_alive: list[Handle] = (), poll_s: float = 0.25
+) -> float:
+    """Poll GET {url}/health every `poll_s` until 200. Fails fast (with the log tail) if `target` or any handle in
     `also_alive` exits. Returns the seconds waited."""
     url = target.url if isinstance(target, Handle) else target.rstrip("/")
     watched = ([target] if isinstance(target, Handle) else []) + list(also_alive)
@@ -432,7 +434,7 @@ def wait_healthy(target: Handle | str, timeout: float = 180.0, also_alive: list[
         if time.monotonic() - t0 > timeout:
             tails = "".join(f"\n--- {h.kind} log {h.log_path}:\n{h.log_tail()}" for h in watched)
             raise EngineError(f"{url}/health not healthy after {timeout:.0f} s{tails}")
-        time.sleep(0.25)
+        time.sleep(poll_s)
 
 
 # --- CLI ----------------------------------------------------------------------------------------------
