@@ -132,10 +132,11 @@ def create_app(config: ServerConfig | None = None, handshake: HandshakeServer | 
         mock = MockEngineProcess(config) if config.mock_engine else None
         starter = asyncio.create_task(start_engine(state, config, handshake))
         # Everything built so far (tokenizer, template, FastAPI app) lives as long as the process: keep the
-        # collector from walking it again on every full collection (as vLLM's server does). `pyfront serve` ran
-        # the imports and the construction with the collector off (launcher.run_server): this is its one
-        # collection of them, and the collector runs from here on.
-        gc.collect()
+        # collector from ever walking it again (vLLM's server does the same after a gc.collect()). `pyfront serve`
+        # ran the imports and the construction with the collector off (launcher.run_server), and it runs from
+        # here on. No collection first: over the ~100k objects start-up leaves it takes ~65 ms (5 % of the start)
+        # to find ~1,100 unreachable ones, 0.23 MB (module-level temporaries), which stay frozen instead; idle RSS
+        # is the same either way (measured: 97.3 MB).
         gc.freeze()
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         gc.enable()

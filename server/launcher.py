@@ -146,9 +146,9 @@ def run_server(config: ServerConfig, sock: socket.socket | None = None) -> None:
     (most of its start-up): an engine already waiting connects meanwhile, and its HELLO is read the moment the
     engine client starts, instead of on the engine's next connect retry (ZMQ retries every 100-200 ms).
 
-    The collector is off until the app's lifespan has collected and frozen what start-up built (`create_app`):
-    the imports alone would otherwise trigger ~150 collections, three of them full (~70 ms of a ~1 s start),
-    each walking every module object made so far, all of which lives as long as the process.
+    The collector is off until the app's lifespan has frozen what start-up built (`create_app`): the imports
+    alone would otherwise trigger ~150 collections, three of them full (~70 ms of a ~1 s start), each walking
+    every module object made so far, nearly all of which lives as long as the process.
     """
     gc.disable()
     handshake = None
