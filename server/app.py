@@ -56,13 +56,20 @@ logging.getLogger("transformers").addFilter(_NoTorchNotice())
 logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 
-GC_YOUNG_THRESHOLD = 5000
-"""Allocations between collections of the youngest generation (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 50_000
+"""Tracked objects, net of those freed, between collections of the youngest generation (CPython's default: 700).
 
-Each young collection walks every young object still alive, and a busy server always holds the state of its
-requests in flight, so at the default most of that work is redone for the same objects again and again. At
-64 concurrent short requests (the peers.py rps row) the collector took 0.45 s per ~14k requests (1044 young,
-94 middle, 8 full collections); at 5000 it took 0.25 s (111 and 10), with the same longest pause (8-10 ms).
+A young collection walks every young object still alive and frees only cycles; a request's objects die by
+reference count when it ends (tests/server/test_reference_cycles.py), so the collector has almost nothing to find
+and its cost is the walk. A busy server holds the state of every request in flight, so the lower the threshold,
+the more often it walks the same live objects:
+- at 64 concurrent short requests (the peers.py rps row) the collector took 0.45 s per ~14k requests at 700
+  (1044 young, 94 middle, 8 full collections) and 0.25 s at 5000 (111 and 10), with the same longest pause
+  (8-10 ms); on stop 36's tree, 5000 left 2 young collections (2.6 ms) per 6000 such requests, 50,000 none;
+- a burst of 256 streams is ~25k new objects, all alive until the streams end: at 5000 the collector ran 5-6 times
+  while the burst was admitted, 7-26 ms of its first 150 ms, collecting nothing; at 50,000 it does not run, and
+  TTFT p50 over 6 bursts went from 64-82 ms (median 65) to 43-97 ms (median 47.5).
+Cyclic garbage (an exception's traceback, say) waits longer to be freed: at most this many objects' worth.
 """
 
 
