@@ -14,6 +14,7 @@ from typing import Any
 
 from pyfront.engine_client.interface import Engine
 from pyfront.server.errors import APIError, Overloaded
+from pyfront.server.generate.sampling import SamplingMemo
 from pyfront.server.ids import EngineRequestIds
 from pyfront.server.metrics import Metrics
 from pyfront.server.pacing import AdmissionPacer
@@ -53,6 +54,8 @@ class ServingState:
     pacer: AdmissionPacer = field(default_factory=AdmissionPacer)
     """Streamed requests' admissions take turns with running streams' outputs in a burst (server/pacing.py)."""
     """Makes the engine request id of every choice (the base id plus random bits)."""
+    sampling: SamplingMemo = field(default_factory=SamplingMemo)
+    """Builds every request's engine sampling parameters, keeping them per request shape (server/generate)."""
     recent_prompts: RecentPrompts = field(default_factory=lambda: RecentPrompts())
     """The last long prompts rendered, for the next turn of each conversation to tokenize and hash only what it
     adds (server/chat/render.py)."""

@@ -33,7 +33,7 @@ from pyfront.engine_client.protocol import (
 from pyfront.server.chat.plan import OutputPlan
 from pyfront.server.errors import APIError, DeadlineExceeded
 from pyfront.server.generate.merge import merge
-from pyfront.server.generate.sampling import build_sampling_params, child_params
+from pyfront.server.generate.sampling import child_params
 from pyfront.server.generate.structured_outputs import resolve_structured_outputs
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
@@ -414,7 +414,7 @@ async def prepare(
         prompt_block_hashes = None  # they were the whole prompt's: the engine client hashes what is sent
     check_prompt_len(state, len(prompt_ids))
     tok = state.tokenizer
-    params = build_sampling_params(
+    params = state.sampling.build(
         request,
         prompt_len=len(prompt_ids),
         max_model_len=state.max_model_len,

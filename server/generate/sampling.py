@@ -97,48 +97,8 @@ def build_sampling_params(
     Raises RequestValidationError with vLLM's message for every request vLLM answers with 400.
     """
     is_chat = isinstance(request, ChatCompletionRequest)
-
-    # --- max_tokens: TokenizeParams.__post_init__ and get_max_tokens --------------------------------
-    requested: int | None
-    if isinstance(request, ChatCompletionRequest):
-        if request.max_completion_tokens is not None:
-            requested, max_param = request.max_completion_tokens, "max_completion_tokens"
-        else:
-            requested, max_param = request.max_tokens, "max_tokens"
-    else:
-        requested, max_param = request.max_tokens, "max_tokens"
-    if (requested or 0) > max_model_len:
-        raise RequestValidationError(
-            f"{max_param}={requested} cannot be greater than max_model_len={max_model_len}. "
-            "Please request fewer output tokens.",
-            max_param,
-        )
-    truncate = request.truncate_prompt_tokens
-    input_len = prompt_len
-    if truncate is not None:
-        if truncate > max_model_len:
-            raise RequestValidationError(
-                f"truncate_prompt_tokens={truncate} cannot be greater than max_model_len = {max_model_len}. "
-                "Please request a smaller truncation size.",
-                "truncate_prompt_tokens",
-            )
-        input_len = min(input_len, max_model_len if truncate == -1 else truncate)
-    if max_model_len < input_len:
-        raise RequestValidationError(
-            f"Input length ({input_len}) exceeds model's maximum context length ({max_model_len}).",
-            "messages" if is_chat else "prompt",
-        )
-    fallback = requested if requested is not None else generation_defaults.get("max_tokens")
-    max_tokens = max_model_len - input_len if fallback is None else min(max_model_len - input_len, fallback)
-    if not is_chat and request.echo and request.max_tokens == 0:
-        max_tokens = 1  # echo without generation: vLLM asks the engine for one token and drops it
-    if max_tokens < 1:
-        raise RequestValidationError(f"max_tokens must be at least 1, got {max_tokens}.", max_param)
+    max_tokens = request_max_tokens(request, prompt_len, max_model_len, generation_defaults)
     min_tokens = request.min_tokens
-    if min_tokens > max_tokens:
-        raise RequestValidationError(
-            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.", "min_tokens"
-        )
 
     # --- user -> server default (generation config) -> OpenAI default -------------------------------
     values: dict[str, Any] = {}
@@ -248,11 +208,7 @@ def build_sampling_params(
             "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.",
             "thinking_token_budget",
         )
-    if not 0 <= request.routed_experts_prompt_start <= prompt_len:
-        raise RequestValidationError(
-            f"routed_experts_prompt_start must be between 0 and the prompt length ({prompt_len}), inclusive.",
-            "routed_experts_prompt_start",
-        )
+    check_routed_experts_start(request, prompt_len)
 
     # --- update_from_generation_config: EOS ------------------------------------------------------------
     ignore_eos = request.ignore_eos
@@ -324,11 +280,245 @@ def build_sampling_params(
         repetition_detection=repetition_detection,
         routed_experts_prompt_start=request.routed_experts_prompt_start,
     )
+    return _validated(params)
+
+
+def request_max_tokens(
+    request: ChatCompletionRequest | CompletionRequest,
+    prompt_len: int,
+    max_model_len: int,
+    generation_defaults: Mapping[str, Any],
+) -> int:
+    """The engine's ``max_tokens`` for ``request`` with a prompt of ``prompt_len`` tokens, with vLLM's errors for
+    lengths it refuses (``TokenizeParams.__post_init__`` and ``get_max_tokens``); also refuses ``min_tokens`` above
+    it. The one part of :func:`build_sampling_params` that depends on the prompt's length."""
+    is_chat = isinstance(request, ChatCompletionRequest)
+    requested: int | None
+    if isinstance(request, ChatCompletionRequest):
+        if request.max_completion_tokens is not None:
+            requested, max_param = request.max_completion_tokens, "max_completion_tokens"
+        else:
+            requested, max_param = request.max_tokens, "max_tokens"
+    else:
+        requested, max_param = request.max_tokens, "max_tokens"
+    if (requested or 0) > max_model_len:
+        raise RequestValidationError(
+            f"{max_param}={requested} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            max_param,
+        )
+    truncate = request.truncate_prompt_tokens
+    input_len = prompt_len
+    if truncate is not None:
+        if truncate > max_model_len:
+            raise RequestValidationError(
+                f"truncate_prompt_tokens={truncate} cannot be greater than max_model_len = {max_model_len}. "
+                "Please request a smaller truncation size.",
+                "truncate_prompt_tokens",
+            )
+        input_len = min(input_len, max_model_len if truncate == -1 else truncate)
+    if max_model_len < input_len:
+        raise RequestValidationError(
+            f"Input length ({input_len}) exceeds model's maximum context length ({max_model_len}).",
+            "messages" if is_chat else "prompt",
+        )
+    fallback = requested if requested is not None else generation_defaults.get("max_tokens")
+    max_tokens = max_model_len - input_len if fallback is None else min(max_model_len - input_len, fallback)
+    if not is_chat and request.echo and request.max_tokens == 0:
+        max_tokens = 1  # echo without generation: vLLM asks the engine for one token and drops it
+    if max_tokens < 1:
+        raise RequestValidationError(f"max_tokens must be at least 1, got {max_tokens}.", max_param)
+    min_tokens = request.min_tokens
+    if min_tokens > max_tokens:
+        raise RequestValidationError(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.", "min_tokens"
+        )
+    return max_tokens
+
+
+def check_routed_experts_start(request: ChatCompletionRequest | CompletionRequest, prompt_len: int) -> None:
+    if not 0 <= request.routed_experts_prompt_start <= prompt_len:
+        raise RequestValidationError(
+            f"routed_experts_prompt_start must be between 0 and the prompt length ({prompt_len}), inclusive.",
+            "routed_experts_prompt_start",
+        )
+
+
+def _validated(params: SamplingParams) -> SamplingParams:
     try:
         validate_sampling_params(params)
     except ValueError as exc:  # only reachable with an invalid server configuration (generation defaults)
         raise RequestValidationError(f"Invalid sampling parameters: {exc}") from None
     return params
+
+
+class SamplingMemo:
+    """:func:`build_sampling_params` with the result kept per request shape: a request whose sampling fields are
+    those of an earlier one gets a copy of its parameters with its own ``max_tokens``.
+
+    Why: building the parameters is a long function over some 40 fields of the request, and on a server the
+    machine's caches are cold for it on every short request (~45 us cold against ~6 us in a loop on the 2-core
+    VM; benchmarks/README.md, stop 37): a tenth of a short request's front-end CPU. The clients that send short
+    requests (eval harnesses, agents, load tests, RL rollouts) send the same sampling fields every time.
+
+    Why the copy equals a fresh build, field for field (tests/server/generate/test_sampling.py checks it on random
+    requests): :func:`build_sampling_params` reads the request, the prompt's length and the server's facts (the
+    tokenizer's EOS ids, the vocabulary size, the generation defaults). The prompt's length enters through
+    :func:`request_max_tokens` (the ``max_tokens`` field and its errors) and :func:`check_routed_experts_start`
+    (an error) alone; a hit runs both and makes a copy of the kept result with its own ``max_tokens``, and of the
+    validation the build ends with, only the checks of ``max_tokens`` can come out otherwise than for the kept result:
+    a hit makes them. Every other field is a function of the key's values and the facts: :func:`memo_key` names
+    every other field the build reads, with its type (``1``, ``1.0`` and ``True`` are equal keys but not equal
+    parameters), and leaves out (None: built in full, never kept) the requests whose fields are containers it
+    does not put in the key (logit bias, allowed or logprob token ids, bad words, extra args, repetition detection,
+    structured outputs). The facts are compared at each call: other facts forget every entry. Errors are never
+    kept: a request the build refuses is built in full every time, and a kept shape passed every check that does
+    not depend on the prompt's length. The lists of the result are copied in and out, so that neither a caller nor
+    a later hit can change another's.
+
+    For the event loop's thread (dict operations only: a race could lose an entry, never mix two).
+    """
+
+    MAX_ENTRIES = 64
+    """Request shapes kept (the oldest goes first); a server sees a handful."""
+
+    __slots__ = ("_defaults", "_entries", "_eos", "_extra", "_vocab_size", "hits")
+
+    def __init__(self) -> None:
+        self.hits = 0
+        """Requests answered from a kept shape."""
+        self._entries: dict[tuple[tuple[Any, ...], tuple[type, ...]], SamplingParams] = {}
+        self._eos: int | None = None
+        self._extra: Sequence[int] | None = None
+        self._vocab_size = 0
+        self._defaults: Mapping[str, Any] | None = None
+
+    def build(
+        self,
+        request: ChatCompletionRequest | CompletionRequest,
+        *,
+        prompt_len: int,
+        max_model_len: int,
+        eos_token_id: int | None,
+        extra_eos_token_ids: Sequence[int],
+        vocab_size: int,
+        generation_defaults: Mapping[str, Any],
+        streaming: bool,
+        tokenize: Callable[[str], list[int]] | None,
+    ) -> SamplingParams:
+        """What ``build_sampling_params`` with these arguments returns (or raises)."""
+        key = memo_key(request, streaming)
+        if key is not None:
+            if (
+                eos_token_id != self._eos
+                or extra_eos_token_ids is not self._extra
+                or vocab_size != self._vocab_size
+                or generation_defaults is not self._defaults
+            ):
+                self._entries = {}
+                self._eos, self._extra, self._vocab_size = eos_token_id, extra_eos_token_ids, vocab_size
+                self._defaults = generation_defaults
+            kept = self._entries.get(key)
+            if kept is not None:
+                self.hits += 1
+                max_tokens = request_max_tokens(request, prompt_len, max_model_len, generation_defaults)
+                check_routed_experts_start(request, prompt_len)
+                params = _copy(kept, max_tokens)
+                if type(max_tokens) is int and max_tokens <= INT64_MAX:
+                    return params  # what validation reads besides the kept fields (>= 1 and >= min_tokens: above)
+                return _validated(params)  # its error
+        params = build_sampling_params(
+            request,
+            prompt_len=prompt_len,
+            max_model_len=max_model_len,
+            eos_token_id=eos_token_id,
+            extra_eos_token_ids=extra_eos_token_ids,
+            vocab_size=vocab_size,
+            generation_defaults=generation_defaults,
+            streaming=streaming,
+            tokenize=tokenize,
+        )
+        if key is not None:
+            entries = self._entries
+            if len(entries) >= self.MAX_ENTRIES:
+                entries.pop(next(iter(entries)))
+            entries[key] = _copy(params, params.max_tokens)
+        return params
+
+
+def _copy(params: SamplingParams, max_tokens: int | None) -> SamplingParams:
+    """``params`` with ``max_tokens``, sharing no list with it (a kept result has no bad words, and no token lists
+    but these)."""
+    stop, stop_ids = params.stop, params.stop_token_ids
+    assert type(stop) is list and stop_ids is not None, "build_sampling_params makes both lists"
+    return msgspec.structs.replace(
+        params,
+        max_tokens=max_tokens,
+        stop=list(stop),
+        stop_token_ids=list(stop_ids),
+        all_stop_token_ids=list(params.all_stop_token_ids),
+        bad_words=[],
+    )
+
+
+def memo_key(
+    request: ChatCompletionRequest | CompletionRequest, streaming: bool
+) -> tuple[tuple[Any, ...], tuple[type, ...]] | None:
+    """The request's shape for :class:`SamplingMemo`: every field :func:`build_sampling_params` reads outside
+    :func:`request_max_tokens`, and their types; None when a field it leaves out is set."""
+    r = request
+    if (
+        r.logit_bias is not None
+        or r.allowed_token_ids is not None
+        or r.logprob_token_ids
+        or r.bad_words
+        or r.vllm_xargs
+        or r.repetition_detection is not None
+        or r.structured_outputs is not None
+        or r.guided_json is not None
+        or r.guided_regex is not None
+        or r.guided_choice is not None
+        or r.guided_grammar is not None
+        or (r.response_format is not None and r.response_format.type != "text")
+    ):
+        return None
+    stop: Any = r.stop
+    if type(stop) is list:
+        stop = tuple(stop)  # strs (a list of anything else fails the build: never kept)
+    ids: Any = r.stop_token_ids
+    if ids is not None:
+        for t in ids:
+            if type(t) is not int:
+                return None
+        ids = tuple(ids)
+    values = (
+        type(r),
+        streaming,
+        r.repetition_penalty,
+        r.presence_penalty,
+        r.frequency_penalty,
+        r.temperature,
+        r.top_p,
+        r.top_k,
+        r.min_p,
+        r.n,
+        r.seed,
+        stop,
+        r.include_stop_str_in_output,
+        ids,
+        r.logprobs,
+        r.top_logprobs if isinstance(r, ChatCompletionRequest) else None,
+        r.prompt_logprobs,
+        r.echo,
+        r.min_tokens,
+        r.ignore_eos,
+        r.skip_special_tokens,
+        r.spaces_between_special_tokens,
+        r.stream_interval,
+        r.thinking_token_budget,
+        r.routed_experts_prompt_start,
+    )
+    return values, tuple(map(type, values))
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -12,6 +12,7 @@ import pytest
 from pyfront.engine_client.client import EngineDeadError, EngineUnavailableError
 from pyfront.server.errors import APIError, DeadlineExceeded, RequestValidationError, to_api_error
 from pyfront.server.generate import generation as serving
+from pyfront.server.generate import sampling
 from tests.harness import MODEL, Harness, running_harness
 
 
@@ -45,7 +46,7 @@ def test_a_value_error_deep_in_the_path_is_a_logged_500(
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("bug in the server")
 
-    monkeypatch.setattr(serving, "build_sampling_params", broken)
+    monkeypatch.setattr(sampling, "build_sampling_params", broken)
     with caplog.at_level(logging.ERROR, logger="pyfront.server"), harness.http() as client:
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": stream})
     assert r.status_code == 500

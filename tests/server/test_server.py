@@ -143,6 +143,17 @@ def test_stop_string_across_tokens_aborts_engine(harness: Harness) -> None:
     assert harness.mock_totals()["aborts"] - before >= 1
 
 
+def test_requests_of_one_shape_share_their_sampling_parameters(harness: Harness) -> None:
+    """A request with the sampling fields of an earlier one is a SamplingMemo hit (server/generate/sampling.py), and
+    still gets its own max_tokens."""
+    memo = harness.app.state.serving.sampling  # type: ignore[attr-defined]
+    before = memo.hits
+    first = chat(harness, "first question", max_tokens=3, temperature=0.5, stop=["zz"])
+    second = chat(harness, "a second, longer question", max_tokens=5, temperature=0.5, stop=["zz"])
+    assert memo.hits == before + 1
+    assert first.usage.completion_tokens == 3 and second.usage.completion_tokens == 5
+
+
 def test_multibyte_characters_split_over_tokens(harness: Harness) -> None:
     tokenizer = harness.app.state.serving.tokenizer
     text = "héllo 世界 🎉 ok"

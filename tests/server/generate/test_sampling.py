@@ -8,6 +8,7 @@ the SamplingParams vLLM 0.32 builds for more requests (its ``to_sampling_params`
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -20,7 +21,7 @@ from pyfront.engine_client.codec import decode_request, encode_add
 from pyfront.engine_client.protocol import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from pyfront.engine_client.validation import validate_sampling_params
 from pyfront.server.errors import RequestValidationError
-from pyfront.server.generate.sampling import build_sampling_params, child_params
+from pyfront.server.generate.sampling import SamplingMemo, build_sampling_params, child_params, memo_key
 from pyfront.server.generate.structured_outputs import (
     choice_as_grammar,
     grammar_is_likely_lark,
@@ -1678,3 +1679,196 @@ def test_any_decodable_request_gives_engine_safe_params(
         if child.structured_outputs is not None:
             assert child.structured_outputs.backend in ("xgrammar", "guidance", "outlines")
             assert child.structured_outputs.choice is None or child.structured_outputs.backend == "guidance"
+
+
+# ------------------------------------------------------------------------------------------ SamplingMemo
+
+
+def _outcome(fn: Any, req: Any, **kwargs: Any) -> tuple[str, Any]:
+    """("params", the msgpack bytes: field values, their types and which defaults are omitted) or ("error", ...)."""
+    try:
+        params = fn(req, **kwargs)
+    except RequestValidationError as exc:
+        return "error", (exc.message, exc.param)
+    return "params", msgspec.msgpack.encode(params)
+
+
+def _as_list(eos: int | list[int] | None) -> list[int]:
+    return [] if eos is None else [eos] if isinstance(eos, int) else eos
+
+
+_SHAPE_FIELDS: dict[str, list[Any]] = {
+    "ignore_eos": [False, True],
+    "echo": [False, True],
+    "include_stop_str_in_output": [False, True],
+    "skip_special_tokens": [True, False],
+    "spaces_between_special_tokens": [True, False],
+    "temperature": [None, 0, 0.5, 1.0],
+    "top_p": [None, 0.9],
+    "top_k": [None, 0, 5],
+    "min_p": [None, 0.1],
+    "presence_penalty": [None, 0.5],
+    "frequency_penalty": [None, -0.5],
+    "repetition_penalty": [None, 1.1],
+    "n": [1, 2],
+    "seed": [None, 1],
+    "stop": [None, "a", ["a"], ["a", "bb"]],
+    "stop_token_ids": [None, [], [5], [3, 5]],
+    "logprobs": [False, True, 1],
+    "top_logprobs": [0, 2],
+    "prompt_logprobs": [None, 0, 1],
+    "min_tokens": [0, 3],
+    "routed_experts_prompt_start": [0, 5, 30],
+    "stream_interval": [None, 1, 2],
+    "thinking_token_budget": [None, -1, 5],
+    "max_completion_tokens": [None, 7],
+    "truncate_prompt_tokens": [None, 5, -1],
+    "logit_bias": [None, {"5": 1.0}],
+}
+"""Fields the build reads, each with a few values, so that requests of one test share shapes and differ in one."""
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(["chat", "completion"]),
+    fields=st.sets(st.sampled_from(sorted(FIELDS)), max_size=2).flatmap(
+        lambda names: st.fixed_dictionaries({name: FIELDS[name] for name in names})
+    ),
+    base=st.sets(st.sampled_from(sorted(_SHAPE_FIELDS)), max_size=4).flatmap(
+        lambda names: st.fixed_dictionaries({name: st.sampled_from(_SHAPE_FIELDS[name]) for name in names})
+    ),
+    turns=st.lists(
+        st.tuples(
+            st.sampled_from([1, 5, 12, 30, 100, 505, 520]),
+            st.one_of(st.none(), st.sampled_from([0, 1, 8, 600])),
+            _GENERATION,
+            st.booleans(),
+            st.one_of(
+                st.none(),
+                st.sampled_from(sorted(_SHAPE_FIELDS)).flatmap(
+                    lambda k: st.tuples(st.just(k), st.sampled_from(_SHAPE_FIELDS[k]))
+                ),
+            ),
+        ),
+        min_size=2,
+        max_size=8,
+    ),
+    eos=st.sampled_from([2, None]),
+)
+def test_sampling_memo_gives_what_a_fresh_build_gives(
+    kind: str, fields: dict, base: dict, turns: list, eos: int | None
+) -> None:
+    """One memo, requests of one shape sent again with one field changed, other prompt lengths, max_tokens and
+    server facts: every answer (the parameters byte for byte, or the error) is the fresh build's."""
+    memo = SamplingMemo()
+    defaults = {id(gen): generation_defaults_from_config(gen) for _, _, gen, _, _ in turns}  # one dict per config
+    extras = {id(gen): _as_list(gen.get("eos_token_id")) for _, _, gen, _, _ in turns}  # one list per config
+    for prompt_len, max_tokens, gen, streaming, change in turns:
+        body = {**fields, **base}
+        if change is not None:
+            body[change[0]] = change[1]
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        body = {"messages": MESSAGES, **body} if kind == "chat" else {"prompt": "hi", **body}
+        try:
+            req = (decode_chat_request if kind == "chat" else decode_completion_request)(json.dumps(body).encode())
+        except RequestValidationError:
+            continue
+        extra = extras[id(gen)]
+        kwargs = {
+            "prompt_len": prompt_len,
+            "max_model_len": 512,
+            "eos_token_id": eos,
+            "extra_eos_token_ids": extra,
+            "vocab_size": VOCAB,
+            "generation_defaults": defaults[id(gen)],
+            "streaming": streaming,
+            "tokenize": _tokenize,
+        }
+        key = memo_key(req, streaming)
+        event("kept shape" if key is not None and key in memo._entries else "new shape")
+        assert _outcome(memo.build, req, **kwargs) == _outcome(build_sampling_params, req, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("name", sorted(_SHAPE_FIELDS))
+def test_sampling_memo_sees_each_field_change(kind: str, name: str) -> None:
+    """Every field the build reads, changed alone after a request was kept (and the prompt length changed with it):
+    the answer is the fresh build's. A field the key missed would get the kept request's parameters here."""
+    facts: dict[str, Any] = {
+        "max_model_len": 512,
+        "eos_token_id": QWEN_EOS,
+        "extra_eos_token_ids": [151643],
+        "vocab_size": QWEN_VOCAB,
+        "generation_defaults": {},
+        "streaming": False,
+        "tokenize": None,
+    }
+    hits = 0
+    for first, second in itertools.product(_SHAPE_FIELDS[name], repeat=2):
+        for prompt_len in (1, 12, 505):
+            memo = SamplingMemo()
+            for value, length in ((first, 20), (second, prompt_len)):
+                try:
+                    req = request(kind, {name: value, "max_tokens": 4})
+                except RequestValidationError:  # not a value of this field for this kind (completions' logprobs)
+                    continue
+                outcome = _outcome(memo.build, req, prompt_len=length, **facts)
+                assert outcome == _outcome(build_sampling_params, req, prompt_len=length, **facts)
+            hits += memo.hits
+    assert hits  # the same value twice is a kept shape (unless the field is one the memo leaves out)
+    if name == "logit_bias":
+        assert hits == 3  # None twice, at each prompt length; a logit bias is never kept
+
+
+def test_sampling_memo_keeps_a_shape_and_shares_no_list() -> None:
+    memo = SamplingMemo()
+    facts: dict[str, Any] = {
+        "max_model_len": 512,
+        "eos_token_id": QWEN_EOS,
+        "extra_eos_token_ids": [151643],
+        "vocab_size": QWEN_VOCAB,
+        "generation_defaults": {},
+        "streaming": False,
+        "tokenize": None,
+    }
+    first = memo.build(request("chat", {"stop": ["a"], "max_tokens": 5}), prompt_len=10, **facts)
+    assert len(memo._entries) == 1
+    first.stop.append("changed")  # a caller's change stays its own
+    first.all_stop_token_ids.append(7)
+    second = memo.build(request("chat", {"stop": ["a"], "max_tokens": 9}), prompt_len=20, **facts)
+    assert len(memo._entries) == 1
+    assert second.stop == ["a"] and 7 not in second.all_stop_token_ids and second.max_tokens == 9
+    # Other server facts forget what was kept.
+    memo.build(request("chat", {"stop": ["a"]}), prompt_len=20, **{**facts, "extra_eos_token_ids": []})
+    assert len(memo._entries) == 1
+    # A field the key leaves out: built in full, never kept.
+    memo.build(request("chat", {"logit_bias": {"5": 1.0}}), prompt_len=20, **{**facts, "extra_eos_token_ids": []})
+    assert len(memo._entries) == 1
+
+
+def test_sampling_memo_tells_equal_values_of_other_types_apart() -> None:
+    """A request built in Python may hold 1 where the decoder would give 1.0: the parameters differ on the wire."""
+    memo = SamplingMemo()
+    facts: dict[str, Any] = {
+        "prompt_len": 10,
+        "max_model_len": 512,
+        "eos_token_id": QWEN_EOS,
+        "extra_eos_token_ids": [],
+        "vocab_size": QWEN_VOCAB,
+        "generation_defaults": {},
+        "streaming": False,
+        "tokenize": None,
+    }
+    as_float = ChatCompletionRequest(messages=[], temperature=1.0)
+    as_int = ChatCompletionRequest(messages=[], temperature=1)
+    for req in (as_float, as_int, as_float):
+        assert msgspec.msgpack.encode(memo.build(req, **facts)) == msgspec.msgpack.encode(
+            build_sampling_params(req, **facts)
+        )
+    assert len(memo._entries) == 2
+    # max_tokens is not in the key: a bool there (which validation refuses) on a kept shape gets the same error.
+    for max_tokens in (5, True):
+        req = ChatCompletionRequest(messages=[], temperature=1.0, max_tokens=max_tokens)
+        assert _outcome(memo.build, req, **facts) == _outcome(build_sampling_params, req, **facts)
+    assert memo.hits == 3
