@@ -14,7 +14,6 @@ from typing import Any
 
 from pyfront.engine_client.interface import Engine
 from pyfront.server.errors import APIError, Overloaded
-from pyfront.server.generate.sampling import SamplingMemo
 from pyfront.server.ids import EngineRequestIds
 from pyfront.server.metrics import Metrics
 from pyfront.server.pacing import AdmissionPacer
@@ -54,8 +53,9 @@ class ServingState:
     pacer: AdmissionPacer = field(default_factory=AdmissionPacer)
     """Streamed requests' admissions take turns with running streams' outputs in a burst (server/pacing.py)."""
     """Makes the engine request id of every choice (the base id plus random bits)."""
-    sampling: SamplingMemo = field(default_factory=SamplingMemo)
-    """Builds every request's engine sampling parameters, keeping them per request shape (server/generate)."""
+    sampling_memo: Any = None
+    """The request path's SamplingMemo (server/generate/sampling.py), made by its first request: it keeps every
+    request shape's engine sampling parameters (this module sits below the request path and does not name it)."""
     recent_prompts: RecentPrompts = field(default_factory=lambda: RecentPrompts())
     """The last long prompts rendered, for the next turn of each conversation to tokenize and hash only what it
     adds (server/chat/render.py)."""

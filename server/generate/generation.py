@@ -33,7 +33,7 @@ from pyfront.engine_client.protocol import (
 from pyfront.server.chat.plan import OutputPlan
 from pyfront.server.errors import APIError, DeadlineExceeded
 from pyfront.server.generate.merge import merge
-from pyfront.server.generate.sampling import child_params
+from pyfront.server.generate.sampling import SamplingMemo, child_params
 from pyfront.server.generate.structured_outputs import resolve_structured_outputs
 from pyfront.server.openai.types import (
     ChatCompletionRequest,
@@ -414,7 +414,10 @@ async def prepare(
         prompt_block_hashes = None  # they were the whole prompt's: the engine client hashes what is sent
     check_prompt_len(state, len(prompt_ids))
     tok = state.tokenizer
-    params = state.sampling.build(
+    memo = state.sampling_memo
+    if memo is None:
+        memo = state.sampling_memo = SamplingMemo()
+    params = memo.build(
         request,
         prompt_len=len(prompt_ids),
         max_model_len=state.max_model_len,

@@ -146,9 +146,9 @@ def test_stop_string_across_tokens_aborts_engine(harness: Harness) -> None:
 def test_requests_of_one_shape_share_their_sampling_parameters(harness: Harness) -> None:
     """A request with the sampling fields of an earlier one is a SamplingMemo hit (server/generate/sampling.py), and
     still gets its own max_tokens."""
-    memo = harness.app.state.serving.sampling  # type: ignore[attr-defined]
-    before = memo.hits
     first = chat(harness, "first question", max_tokens=3, temperature=0.5, stop=["zz"])
+    memo = harness.app.state.serving.sampling_memo  # type: ignore[attr-defined]
+    before = memo.hits
     second = chat(harness, "a second, longer question", max_tokens=5, temperature=0.5, stop=["zz"])
     assert memo.hits == before + 1
     assert first.usage.completion_tokens == 3 and second.usage.completion_tokens == 5
