@@ -82,16 +82,16 @@ def _check_template(state: ServingState, request: ChatCompletionRequest) -> None
 INLINE_RENDER_MAX_BYTES = 512
 """Request bodies up to this size are rendered, tokenized and hashed on the event loop, not on a worker thread.
 
-Why: for a short chat the hop costs more than it saves. Measured on the 2-core EPYC VM: the render of a
-one-message chat takes ~110 us (the jinja template's fixed cost) and its tokenize ~8 us with the segment cache
-warm, while the round trip through the pool costs the loop ~40-70 us of its own (submit, futures chained back,
-two context switches when the server is pinned to one core); peers.py's sequential row went from 1.31 to
-1.03 ms of CPU per request with this and the access line (server/access_log.py). Off the loop that render
-would not free the loop anyway: it is Python holding the GIL, so the loop waits for it all the same (threads
-switch every 5 ms). The bound keeps the inline work small whatever the request holds: the worst case found at
-the bound, a 512-byte body of random letters (every word new to the segment cache, ~330 tokens), takes
-~0.7 ms, about one short request's own work on the loop. A request with its own chat template always goes to
-the pool: its cost is the template's, not the body's.
+Why: for a short chat the hop costs more than it saves. Measured on the 2-core EPYC VM: the render of a one-message
+chat took ~110 us then (the jinja template's fixed cost; 13-14 us in a loop on stop 37's VM, after the sandbox
+shortcuts of server/text/chat_template.py) and its tokenize ~8 us with the segment cache warm, while the round trip
+through the pool costs the loop ~40-70 us of its own (submit, futures chained back, two context switches when the
+server is pinned to one core); peers.py's sequential row went from 1.31 to 1.03 ms of CPU per request with this and
+the access line (server/access_log.py). Off the loop that render would not free the loop anyway: it is Python
+holding the GIL, so the loop waits for it all the same (threads switch every 5 ms). The bound keeps the inline work
+small whatever the request holds: the worst case found at the bound, a 512-byte body of random letters (every word
+new to the segment cache, ~330 tokens), takes ~0.7 ms, about one short request's own work on the loop. A request
+with its own chat template always goes to the pool: its cost is the template's, not the body's.
 """
 
 

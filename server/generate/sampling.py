@@ -356,10 +356,12 @@ class SamplingMemo:
     """:func:`build_sampling_params` with the result kept per request shape: a request whose sampling fields are
     those of an earlier one gets a copy of its parameters with its own ``max_tokens``.
 
-    Why: building the parameters is a long function over some 40 fields of the request, and on a server the
-    machine's caches are cold for it on every short request (~45 us cold against ~6 us in a loop on the 2-core
-    VM; benchmarks/README.md, stop 37): a tenth of a short request's front-end CPU. The clients that send short
-    requests (eval harnesses, agents, load tests, RL rollouts) send the same sampling fields every time.
+    Why: building the parameters is a long function over some 40 fields of the request, run on every request; on a
+    short request the copy saves ~6 % of the front end's instructions (callgrind, peers.py's sequential scenario:
+    773.5k -> 728.4k a request), and more of its time, the build being code and data the caches lose between
+    requests (6-7 us in a loop, 14-45 us with the caches flushed before each call; benchmarks/README.md, stop 37).
+    The clients that send short requests (eval harnesses, agents, load tests, RL rollouts) send the same sampling
+    fields every time.
 
     Why the copy equals a fresh build, field for field (tests/server/generate/test_sampling.py checks it on random
     requests): :func:`build_sampling_params` reads the request, the prompt's length and the server's facts (the
@@ -371,7 +373,8 @@ class SamplingMemo:
     every other field the build reads, with its type (``1``, ``1.0`` and ``True`` are equal keys but not equal
     parameters), and leaves out (None: built in full, never kept) the requests whose fields are containers it
     does not put in the key (logit bias, allowed or logprob token ids, bad words, extra args, repetition detection,
-    structured outputs). The facts are compared at each call: other facts forget every entry. Errors are never
+    structured outputs). The facts are compared at each call (the EOS list and the defaults by identity: the
+    tokenizer makes them once): other facts forget every entry. Errors are never
     kept: a request the build refuses is built in full every time, and a kept shape passed every check that does
     not depend on the prompt's length. The lists of the result are copied in and out, so that neither a caller nor
     a later hit can change another's.
