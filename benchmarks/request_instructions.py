@@ -2,7 +2,7 @@
 cannot move.
 
     python benchmarks/request_instructions.py [--src TREE ...] [--scenario rps|seq|streams] [--requests 1000]
-        [--rounds 3] [--no-feh] [--python PY --functions N]
+        [--rounds 3] [--no-feh] [--cache-sim] [--python PY --functions N]
 
 Wall-clock CPU figures on these shared 2-core VMs move by 10-30 % from run to run, as much as a round of
 optimisations; callgrind counts the instructions the process executes (all its threads, user space only), the same
@@ -12,6 +12,13 @@ engine, warmed up, then instrumented only while `loadgen.py SCENARIO` sends `--r
 (`max_tokens` 1; `rps`: 16 connections; `streams`: one burst of `--requests` streamed chats of 4 tokens each),
 and the count is divided by the requests. The trees alternate, `--rounds` times. Printed: instructions per
 request per tree (median and min-max), and each tree's ratio to the first.
+
+``--cache-sim`` also runs callgrind's cache simulation and prints the simulated cache misses per request: L1
+(instruction and data) and last-level. The last level is set to 512 KB (``--LL=524288,8,64``), a core's own L2
+on these VMs, not the machine's L3: between two requests of a server the rest of the machine (the client, the
+engine, the kernel) takes over the shared cache, so what a request touches beyond its core's L2 comes back from
+memory. Deterministic like the instruction count, and a proxy for that cost, not a measure of it (stop 37 in
+benchmarks/README.md: the same function runs 2-10x slower with the caches flushed before it than in a loop).
 
 What it does not see: the kernel (system calls, context switches, the network stack) and waiting; a change that
 saves a system call or a wake-up shows in peers.py's CPU rows, not here. Needs valgrind (Debian's package).
@@ -67,15 +74,18 @@ def count(
     feh: bool = True,
     python: str = sys.executable,
     functions: int = 0,
-) -> int:
-    """Instructions per request of one run (`feh`: VLLM_NATIVE_FEH=1 against a mock that advertises it); with
-    `functions`, the server runs `python -X perf` and the top `functions` Python functions are printed."""
+    cache_sim: bool = False,
+) -> dict[str, int]:
+    """Events per request of one run: "Ir" (instructions), and with `cache_sim` "L1 misses" and "LL misses" (see the
+    module docstring). `feh`: VLLM_NATIVE_FEH=1 against a mock that advertises it; with `functions`, the server runs
+    `python -X perf` and the top `functions` Python functions are printed."""
     root = import_root(tree)
     rpc, http = eng.free_port(), eng.free_port()
     out = workdir / f"callgrind.{rpc}"
     env = {**os.environ, "PYTHONPATH": str(root), "VLLM_NATIVE_FEH": "1" if feh else "0"}
     perf = ["-X", "perf"] if functions else []
-    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", python, *perf,
+    cache = ["--cache-sim=yes", "--LL=524288,8,64"] if cache_sim else []
+    argv = ["valgrind", "--tool=callgrind", *cache, "--instr-atstart=no", f"--callgrind-out-file={out}", python, *perf,
             "-m", "pyfront.server.cli", "serve", str(model), "--port", str(http), "--data-parallel-rpc-port", str(rpc),
             "--max-model-len", "131072", "--engine-stall-timeout", "600"]  # fmt: skip
     log = (workdir / f"fe.{rpc}.log").open("w")
@@ -122,17 +132,25 @@ def count(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
         log.close()
-    total = 0
+    totals: dict[str, int] = {}
     perf_map = Path(f"/tmp/perf-{fe.pid}.map")  # valgrind runs the server in its own process: the same pid
     for part in workdir.glob(f"callgrind.{rpc}*"):  # the dump, and the (empty) part written at exit
+        events: list[str] = []
         for line in part.read_text(errors="replace").splitlines():
-            if line.startswith("totals:"):
-                total += int(line.split()[1])
+            if line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith("totals:"):
+                for name, value in zip(events, line.split()[1:], strict=False):
+                    totals[name] = totals.get(name, 0) + int(value)
         if functions and part.name != out.name and perf_map.exists():
             print_functions(part, perf_map, requests, functions)
         part.unlink()
     perf_map.unlink(missing_ok=True)
-    return total // requests
+    result = {"Ir": totals.get("Ir", 0) // requests}
+    if cache_sim:
+        result["L1 misses"] = sum(totals.get(name, 0) for name in ("I1mr", "D1mr", "D1mw")) // requests
+        result["LL misses"] = sum(totals.get(name, 0) for name in ("ILmr", "DLmr", "DLmw")) // requests
+    return result
 
 
 _ANNOTATED = re.compile(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+\?\?\?:0x([0-9a-f]+)(?:'\d+)? \[\?\?\?\]")
@@ -149,7 +167,9 @@ def print_functions(dump: Path, perf_map: Path, requests: int, top: int) -> None
     spans.sort()
     starts = [span[0] for span in spans]
     annotated = subprocess.run(
-        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)], capture_output=True, text=True
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--show=Ir", str(dump)],
+        capture_output=True,
+        text=True,
     ).stdout
     inclusive: dict[str, int] = {}
     for line in annotated.splitlines():
@@ -174,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model-dir", type=Path, default=None, help="default ~/.cache/pyfront/tiny-qwen3")
     p.add_argument("--no-feh", action="store_true", help="front-end block hashing off (by default on)")
+    p.add_argument("--cache-sim", action="store_true", help="also simulated L1 and 512 KB last-level misses")
     p.add_argument("--python", default=sys.executable, help="the server's interpreter (default this one)")
     p.add_argument(
         "--functions", type=int, default=0, metavar="N", help="print the top N Python functions (--python >= 3.12)"
@@ -188,19 +209,24 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{tool} not found (Debian's valgrind package)")
     trees = a.src or [ROOT]
     model = a.model_dir or Path(os.environ.get("PYFRONT_CACHE_DIR", Path.home() / ".cache/pyfront")) / "tiny-qwen3"
-    counts: dict[Path, list[int]] = {tree: [] for tree in trees}
+    counts: dict[Path, list[dict[str, int]]] = {tree: [] for tree in trees}
     with tempfile.TemporaryDirectory(prefix="pyfront-instructions-") as tmp:
         for _ in range(a.rounds):
             for tree in trees:
-                counts[tree].append(
-                    count(tree, model, a.scenario, a.requests, Path(tmp), not a.no_feh, a.python, a.functions)
+                run = count(
+                    tree, model, a.scenario, a.requests, Path(tmp), not a.no_feh, a.python, a.functions, a.cache_sim
                 )
-                print(f"{tree}: {counts[tree][-1]:,} instructions/request", flush=True)
-    first = statistics.median(counts[trees[0]])
+                counts[tree].append(run)
+                print(f"{tree}: " + ", ".join(f"{v:,} {k}" for k, v in run.items()) + " per request", flush=True)
     print(f"\n{a.scenario}, {a.requests} requests a run, {a.rounds} rounds (median, min-max, ratio to the first tree):")
-    for tree in trees:
-        med = statistics.median(counts[tree])
-        print(f"  {tree}: {med:,.0f} ({min(counts[tree]):,}-{max(counts[tree]):,}) {med / first:.3f}x")
+    for event in counts[trees[0]][0]:
+        first = statistics.median(run[event] for run in counts[trees[0]])
+        print(f"  {'instructions' if event == 'Ir' else event} per request:")
+        for tree in trees:
+            values = [run[event] for run in counts[tree]]
+            med = statistics.median(values)
+            ratio = f"{med / first:.3f}x" if first else "-"
+            print(f"    {tree}: {med:,.0f} ({min(values):,}-{max(values):,}) {ratio}")
     return 0
 
 
