@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import logging
 import pickle
 import random
 import threading
@@ -14,6 +16,8 @@ from hypothesis import strategies as st
 
 from pyfront import hashing
 from pyfront.hashing import HashConfig, PrefixMemo, PromptHasher, block_hashes, pack_block_hashes, unpack_block_hashes
+from pyfront.hashing import blocks as blocks_module
+from pyfront.hashing.blocks import SMALL_SHA_MAX_BLOCKS
 
 INT32_MAX = 2**31 - 1
 
@@ -149,6 +153,42 @@ def test_every_tuple_arity_and_partial_blocks(block_size) -> None:
         cfg = config(block_size)
         assert block_hashes(tokens, cfg) == reference_block_hashes(tokens, block_size, cfg.none_hash)
         assert len(block_hashes(tokens, cfg)) == max(length, 0) // block_size
+
+
+@pytest.mark.parametrize("blocks", [1, SMALL_SHA_MAX_BLOCKS, SMALL_SHA_MAX_BLOCKS + 1, 40])
+def test_both_sha256_implementations_give_the_reference(blocks: int) -> None:
+    """Chains of at most SMALL_SHA_MAX_BLOCKS blocks hash with CPython's own SHA-256, longer ones with OpenSSL's: the
+    reference hashes with OpenSSL's every time."""
+    built_in = any(importlib.util.find_spec(name) is not None for name in ("_sha2", "_sha256"))
+    assert (blocks_module._SMALL_SHA256 is not hashlib.sha256) == built_in
+    rng = random.Random(blocks)
+    for block_size in (1, 16):
+        tokens = [
+            rng.choice([0, 255, 256, 65536, INT32_MAX, rng.randrange(200_000)]) for _ in range(block_size * blocks + 3)
+        ]
+        cfg = config(block_size)
+        for salt in (None, "tenant"):
+            assert block_hashes(tokens, cfg, salt) == reference_block_hashes(tokens, block_size, cfg.none_hash, salt)
+
+
+def test_the_built_in_sha256_is_used_only_when_it_agrees(monkeypatch, caplog) -> None:
+    def missing(name: str) -> object:
+        raise ImportError(name)
+
+    monkeypatch.setattr(blocks_module.importlib, "import_module", missing)
+    with caplog.at_level(logging.INFO, logger="pyfront.hashing.blocks"):
+        assert blocks_module._small_sha256() is hashlib.sha256
+    assert "no built-in SHA-256" in caplog.text
+
+    class Wrong:
+        @staticmethod
+        def sha256(data: bytes = b"") -> object:
+            return hashlib.sha256(data + b"!")
+
+    monkeypatch.setattr(blocks_module.importlib, "import_module", lambda name: Wrong)
+    with caplog.at_level(logging.WARNING, logger="pyfront.hashing.blocks"):
+        assert blocks_module._small_sha256() is hashlib.sha256
+    assert "disagrees with OpenSSL's" in caplog.text
 
 
 def test_ids_outside_int32_are_hashed_as_pickle_would() -> None:
