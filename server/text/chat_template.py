@@ -167,6 +167,12 @@ _BUILTIN_METHOD = type("".strip)
 _METHOD_TYPES = (types.MethodType, types.BuiltinMethodType)
 """The values jinja's ``wrap_str_format`` looks at further (it returns None for anything else)."""
 
+_STR_FORMATS = frozenset({"format", "format_map"})
+"""The method names jinja's ``wrap_str_format`` wraps."""
+
+_FAST_GETATTR_TYPES = frozenset({str, LoopContext, TemplateNamespace})
+"""Exact types whose attributes ``_FastSandbox.getattr`` reads itself once the sandbox found the name safe."""
+
 
 class _FastSandbox(ImmutableSandboxedEnvironment):
     """transformers' chat-template sandbox with two exact shortcuts in attribute lookup and one in calls.
@@ -192,9 +198,10 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
     and ``modifies_known_mutable`` are ``isinstance`` tests and set lookups; the value is not read), so for the
     exact types a template's data and loop variables have (``str``, ``list``, ``dict``, jinja's ``LoopContext``
     and the ``namespace`` class in the environment's globals) its answer is kept per (type, name): at most one
-    entry per attribute those types have. With that answer kept, ``getattr`` on an exact ``str`` (``content.strip``)
-    or a namespace (``ns.found``) runs the sandbox's own steps without its calls: the attribute, jinja's
-    ``wrap_str_format`` only for a method (the one kind of value it wraps), and the kept answer, True. Every other
+    entry per attribute those types have. With that answer kept, ``getattr`` on an exact ``str`` (``content.strip``),
+    a namespace (``ns.found``) or a ``LoopContext`` (``loop.index``, ``loop.first``: two or three reads per message)
+    runs the sandbox's own steps without its calls: the attribute, jinja's ``wrap_str_format`` only where it can
+    wrap (a method, or on a str one named ``format`` or ``format_map``), and the kept answer, True. Every other
     object goes through the sandbox's own methods.
     """
 
@@ -216,9 +223,12 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
-        if (kind is str or kind is TemplateNamespace) and self._safe_attributes.get((kind, attribute)) is True:
-            # The sandbox's getattr for an attribute found safe before: getattr, then `wrap_str_format` (which
-            # wraps only a method named format or format_map), then the safety check (cached, True).
+        if kind in _FAST_GETATTR_TYPES and self._safe_attributes.get((kind, attribute)) is True:
+            # The sandbox's getattr for an attribute found safe before: getattr, then `wrap_str_format`, then the
+            # safety check (cached, True). `wrap_str_format` wraps only a method named format or format_map bound
+            # to a str. On an exact str the method an attribute names has that name (str has no aliases: a test
+            # checks), so only those two names can be wrapped; what a namespace holds or a loop's item is can be
+            # any value, so those go through the check as before.
             if kind is TemplateNamespace:  # Namespace.__getattribute__ for a name it holds, without its frames
                 attrs = object.__getattribute__(obj, _NAMESPACE_ATTRS)
                 if attribute not in attrs:
@@ -229,6 +239,12 @@ class _FastSandbox(ImmutableSandboxedEnvironment):
                     value = getattr(obj, attribute)
                 except AttributeError:
                     return super().getattr(obj, attribute)  # its item lookup and undefined
+                if kind is str:
+                    if attribute in _STR_FORMATS:
+                        wrapped = self.wrap_str_format(value)
+                        if wrapped is not None:
+                            return wrapped
+                    return value
             if isinstance(value, _METHOD_TYPES):
                 wrapped = self.wrap_str_format(value)
                 if wrapped is not None:

@@ -47,6 +47,17 @@ TEMPLATES = [
     "{{ [1, 2] | tojson(separators=(',', ':')) }}",
     "{{ dict(a=1, b=[2]) | tojson }}{{ dict.fromkeys(['x', 'y'], 0) | tojson }}{{ strftime_now('%Y') | length }}",
     "{% set ns = namespace(a=1) %}{% set ns.b = 2 %}{{ ns.a + ns.b }}",
+    # every attribute of a loop, and the str methods the sandbox wraps (format, format_map), read directly, from a
+    # namespace and from a loop's items
+    "{% for m in messages %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}"
+    "{{ loop.last }}{{ loop.length }}{{ loop.depth }}{{ loop.depth0 }}{{ loop.previtem is defined }}"
+    "{{ loop.nextitem is defined }}{{ loop.cycle('a', 'b') }}{{ loop.changed(m.role) }}{{ loop.missing }}{% endfor %}",
+    "{% for c in ['{0}{1}', '{a}'] %}{{ loop.previtem.format('x', 'y') if loop.previtem else '-' }}"
+    "{{ c.format_map({'a': 1}) if loop.last else '' }}{% endfor %}",
+    "{% set ns = namespace(f=''.format, m='{a}'.format_map) %}{{ ns.f('x') }}{{ ns.m({'a': 2}) }}"
+    "{% set ns.g = '{0}'.format %}{{ ns.g(3) }}{{ '{0.__class__}'.format(1) }}",
+    "{{ '{x.__class__}'.format_map({'x': 1}) }}",
+    "{% set ns = namespace(f='{0.__class__}'.format) %}{{ ns.f(1) }}",
     # what the sandbox refuses
     "{% set ns = namespace(_a=1) %}{{ ns._a }}",
     "{% set ns = namespace() %}{% set ns._b = 2 %}{{ ns._b }}",
@@ -138,3 +149,14 @@ def test_builtin_methods_skip_the_sandbox_call_and_others_do_not(monkeypatch: py
     )
     assert template.render(messages=MESSAGES, helper=helper) == "BE BRIEF.abab123"
     assert [getattr(obj, "__name__", None) for obj in seen] == ["helper", "fromkeys"]
+
+
+def test_str_methods_carry_the_name_they_are_read_by() -> None:
+    """`_FastSandbox.getattr` asks jinja's ``wrap_str_format`` only about ``format`` and ``format_map`` on a str: that
+    is exact because each method of a str is named as the attribute it is read by (no aliases)."""
+    import types
+
+    for name in dir(str):
+        value = getattr("", name)
+        if isinstance(value, (types.MethodType, types.BuiltinMethodType)):
+            assert value.__name__ == name, name
