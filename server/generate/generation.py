@@ -40,7 +40,7 @@ from pyfront.server.openai.types import (
     CompletionRequest,
 )
 from pyfront.server.state import ServingState
-from pyfront.server.text.detokenizer import PROMPT_TAIL_TOKENS, get_factory
+from pyfront.server.text.detokenizer import get_factory
 from pyfront.server.text.logprobs import (
     prompt_logprobs_entries,
 )
@@ -193,9 +193,8 @@ class Generation:
                 choice.stream = await engine.add_request(request, prompt_block_hashes=hashes, trusted=True)
                 hashed = choice.stream is not None and request.prompt_block_hashes is not None
                 self.state.metrics.sent(hashed)
-            tail = self.prompt_ids[-PROMPT_TAIL_TOKENS:]
             for choice in self.choices:
-                choice.text = self._text_factory(tail)
+                choice.text = self._text_factory(self.prompt_ids)
         except BaseException:
             await self.abort()
             raise
@@ -381,7 +380,7 @@ def make_text_factory(state: ServingState, params: SamplingParams) -> Callable[[
     stop = params.stop if isinstance(params.stop, list) else ([params.stop] if params.stop else [])
     factory = get_factory(state.tokenizer.hf)
 
-    def make(prompt_tail: Sequence[int]) -> TextStream:
+    def make(prompt_ids: Sequence[int]) -> TextStream:
         return TextStream(
             factory,
             stop,
@@ -389,7 +388,7 @@ def make_text_factory(state: ServingState, params: SamplingParams) -> Callable[[
             skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             min_tokens=params.min_tokens,
-            prompt_tail=prompt_tail,
+            prompt_tail=prompt_ids,
         )
 
     return make

@@ -49,9 +49,16 @@ log = logging.getLogger(__name__)
 
 
 PROMPT_TAIL_TOKENS = 8
-"""How many trailing prompt ids to pass as ``prompt_tail``. vLLM primes ``DecodeStream`` with the
-whole prompt and its slow path uses the last 7 (``INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET + 2``);
-only the last few matter (SentencePiece leading spaces, a prompt ending inside a UTF-8 character)."""
+"""How many trailing prompt ids prime a ``DecodeStream`` when the byte-level rule of
+:meth:`DetokenizerFactory.stream_prefill` does not apply. vLLM primes it with the whole prompt and its slow path
+uses the last 7 (``INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET + 2``); only the last few matter (SentencePiece
+leading spaces, a prompt ending inside a UTF-8 character)."""
+
+MAX_PREFILL_TOKENS = 32
+"""How far back :meth:`DetokenizerFactory.stream_prefill` looks for an id whose bytes start a character."""
+
+_NO_BYTES = -1
+"""``DetokenizerFactory``'s first byte of an id that decodes to no bytes (an unknown id, an empty token)."""
 
 
 _INVALID_PREFIX_ERR_MSG = "Invalid prefix encountered"  # tokenizers' DecodeStream error text
@@ -111,6 +118,13 @@ class DetokenizerFactory:
         self._shown_text: dict[int, str] = {}
         self._marker: Any = _NO_MARKER
         self._correct_cached = lru_cache(maxsize=16384)(self._correct_uncached)
+        self._first_bytes: dict[int, int] | None = None
+        """id -> the first byte it decodes to (``_NO_BYTES``: none), filled as ids are seen; None until
+        :meth:`_byte_level` has run, or when its rule does not apply."""
+        self._special_ids: frozenset[int] = frozenset()
+        self._byte_level_checked = False
+        self.prefill_reason: str | None = None
+        """Why :meth:`stream_prefill` primes with the last ``PROMPT_TAIL_TOKENS`` ids (None: the byte-level rule)."""
 
     # -- detokenizers -------------------------------------------------------------------
 
@@ -129,6 +143,82 @@ class DetokenizerFactory:
             spaces_between_special_tokens=spaces_between_special_tokens,
             prompt_tail=prompt_tail,
         )
+
+    def stream_prefill(self, prompt_ids: Sequence[int], skip_special_tokens: bool) -> list[int]:
+        """The prompt ids to prime a ``DecodeStream`` with, so that it decodes what follows as vLLM's, primed with
+        the whole prompt, does.
+
+        With a byte-level decoder, ``decode(ids)`` is the UTF-8 decoding (U+FFFD for bad bytes) of the ids' bytes
+        run together, a skipped special token having none: the suffix kept is the shortest one whose bytes are not
+        empty and begin with a byte that continues no character (not 0x80-0xBF). Why that is exact: UTF-8
+        decoding restarts at such a byte whatever came before it, so for every ``ids``,
+        ``decode(prompt + ids) == decode(rest) + decode(suffix + ids)``. ``DecodeStream.step`` with either priming
+        then cuts the same text after its prefix, and its tests (ends with U+FFFD, longer than the prefix, starts
+        with it) come out the same; after the first text it holds only generated ids either way. One exception,
+        as with any tail: a prompt whose text ends inside a character (its decode ends with U+FFFD) sets no
+        prefix, and vLLM's first delta then starts with the whole prompt's text, this one with the suffix's.
+        A chat prompt ends with a newline: one id, where ``PROMPT_TAIL_TOKENS`` decoded 8 (twice) on the first
+        step. Without that decoder (see :attr:`prefill_reason`), or without such an id among the last
+        ``MAX_PREFILL_TOKENS``, the last ``PROMPT_TAIL_TOKENS`` / ``MAX_PREFILL_TOKENS`` ids.
+        """
+        first_bytes = self._first_bytes if self._byte_level_checked else self._byte_level()
+        if first_bytes is None:
+            return [int(t) for t in prompt_ids[-PROMPT_TAIL_TOKENS:]]
+        end = len(prompt_ids)
+        stop = max(0, end - MAX_PREFILL_TOKENS)
+        special = self._special_ids
+        for i in range(end - 1, stop - 1, -1):
+            token_id = int(prompt_ids[i])
+            first = first_bytes.get(token_id)
+            if first is None:
+                first = first_bytes[token_id] = self._first_byte(token_id)
+            if first == _NO_BYTES or (skip_special_tokens and token_id in special):
+                continue
+            if not 0x80 <= first <= 0xBF:
+                return [int(t) for t in prompt_ids[i:]]
+        return [int(t) for t in prompt_ids[stop:]]
+
+    def _first_byte(self, token_id: int) -> int:
+        """The first byte ``decode([token_id])`` decodes, as the ByteLevel decoder maps a token's characters to
+        bytes (its own bytes when one character is outside the byte alphabet); ``_NO_BYTES`` for none."""
+        token = self.backend.id_to_token(token_id) if token_id >= 0 else None
+        if not token:
+            return _NO_BYTES
+        return _token_bytes(token)[0]
+
+    def _byte_level(self) -> dict[int, int] | None:
+        """The first-byte table when the backend decodes byte-level and a probe agrees (else None, with the reason
+        logged once)."""
+        reason = self._byte_level_reason()
+        if reason is None:
+            decoder = self.backend.get_added_tokens_decoder()
+            self._special_ids = frozenset(int(i) for i, token in decoder.items() if getattr(token, "special", False))
+            self._first_bytes = {}
+        else:
+            self.prefill_reason = reason
+            log.info("detokenizer: priming with the last %d prompt ids: %s", PROMPT_TAIL_TOKENS, reason)
+        self._byte_level_checked = True
+        return self._first_bytes
+
+    def _byte_level_reason(self) -> str | None:
+        backend = self.backend
+        if not self.fast or backend is None:
+            return "the slow detokenizer keeps its own tail"
+        from tokenizers import decoders, pre_tokenizers
+
+        if type(backend.decoder) is not decoders.ByteLevel:
+            return f"the decoder is {type(backend.decoder).__name__}, not ByteLevel"
+        if set(_BYTE_OF_CHAR) != set(pre_tokenizers.ByteLevel.alphabet()):
+            return "the ByteLevel alphabet is not the one the rule maps"
+        vocab = backend.get_vocab_size(with_added_tokens=True)
+        probe = [*range(min(vocab, 256)), *range(256, vocab, 997), *backend.get_added_tokens_decoder()]
+        for token_id in probe:
+            token = backend.id_to_token(token_id)
+            if token is None:
+                continue
+            if backend.decode([token_id], skip_special_tokens=False) != _token_bytes(token).decode("utf-8", "replace"):
+                return f"decode([{token_id}]) is not the UTF-8 decoding of the bytes the rule maps it to"
+        return None
 
     @property
     def added_token_ids(self) -> dict[int, str]:
@@ -257,6 +347,29 @@ class DetokenizerFactory:
         return ""
 
 
+def _byte_of_char() -> dict[str, int]:
+    """The ByteLevel alphabet: GPT-2's ``bytes_to_unicode``, character -> byte (printable Latin-1 bytes are their
+    own character, the other 68 are shifted to U+0100 on)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(0x100 + i): b for i, b in enumerate(shifted)})
+    return table
+
+
+_BYTE_OF_CHAR = _byte_of_char()
+
+
+def _token_bytes(token: str) -> bytes:
+    """A token's bytes as tokenizers' ByteLevel decoder takes them: each character's byte, or, when one character is
+    outside the alphabet (an added token's own text), the token's UTF-8 bytes."""
+    table = _BYTE_OF_CHAR
+    try:
+        return bytes([table[c] for c in token])
+    except KeyError:
+        return token.encode("utf-8")
+
+
 def _restore_leading_spaces(raw_token: str, token_str: str, marker: str) -> str:
     """vLLM ``_restore_leading_spaces``: put back leading spaces decode() stripped."""
     num_markers = len(raw_token) - len(raw_token.lstrip(marker))
@@ -300,8 +413,8 @@ class IncrementalDetokenizer:
     UTF-8 character; ``flush()`` (once, at the very end) returns the still-pending text, with
     U+FFFD for bytes that never completed, as ``tokenizer.decode`` would show them.
 
-    ``prompt_tail``: the last few prompt ids (see :data:`PROMPT_TAIL_TOKENS`), decoded only as
-    context, never output.
+    ``prompt_tail``: the prompt's ids, or its last ones, decoded only as context, never output; each
+    detokenizer keeps the few it needs (:meth:`DetokenizerFactory.stream_prefill`, the slow path's last 7).
     """
 
     __slots__ = ()
@@ -348,8 +461,8 @@ class FastIncrementalDetokenizer(IncrementalDetokenizer):
         self._factory = factory
         self._backend = factory.backend
         self._skip = skip_special_tokens
-        tail = list(map(int, prompt_tail))
-        # vLLM primes the stream with the whole prompt (native prefill); the tail is enough.
+        tail = factory.stream_prefill(prompt_tail, skip_special_tokens)
+        # vLLM primes the stream with the whole prompt (native prefill); this part decodes the same.
         self._stream = _DecodeStream(ids=tail, skip_special_tokens=skip_special_tokens)
         self._step = self._stream.step
         self._pending: list[int] = []  # ids since the last step that produced text (for flush)
@@ -478,7 +591,7 @@ class SlowIncrementalDetokenizer(IncrementalDetokenizer):
         self._len = len(tok)
         self._flushed = False
         # convert_prompt_ids_to_tokens: only the last OFFSET + 2 prompt ids matter.
-        tail = [int(t) for t in prompt_tail][-self._OFFSET - 2 :]
+        tail = [int(t) for t in prompt_tail[-self._OFFSET - 2 :]]
         tokens = tok.convert_ids_to_tokens(tail, skip_special_tokens=skip_special_tokens) if tail else []
         self._tokens: list[str] = [t if t is not None else "" for t in tokens]
         self._read_offset = len(self._tokens)

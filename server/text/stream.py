@@ -20,7 +20,8 @@ class TextStream:
 
     ``tokenizer``: a tokenizer, a :class:`DetokenizerFactory` (preferred: shared by all choices),
     or a ready :class:`IncrementalDetokenizer` (then the detokenization options are its own).
-    ``prompt_tail``: the last :data:`PROMPT_TAIL_TOKENS` prompt ids (context only, never output).
+    ``prompt_tail``: the prompt's ids, or its last ones (context only, never output: the detokenizer keeps what
+    it needs).
 
     ``add(new_token_ids, finished_by_engine=..., stop_token_finished=...)`` returns the text
     delta that may be sent now. ``finished_by_engine``: the engine output carried a

@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 
 from pyfront.server.text.bundled_tokenizer import resolve_tokenizer_name
 from pyfront.server.text.chat_template import ChatRender, NotVerified
+from pyfront.server.text.detokenizer import get_factory
 from pyfront.server.text.lean import (
     SNAPSHOT_FORMAT,
     LeanTokenizer,
@@ -280,6 +281,9 @@ class Tokenizer:
             return self._transformers_hf
 
     def _warm_up(self) -> None:
+        # The detokenizer's check of its byte-level rule (a probe of a few hundred decodes) runs now, not in the
+        # first request.
+        get_factory(self.hf).stream_prefill((), skip_special_tokens=True)
         if self.has_chat_template:
             # Compile the template now: the first chat requests would otherwise pay for it (tens of ms).
             with contextlib.suppress(Exception):

@@ -232,6 +232,100 @@ def test_prompt_tail_primes_sentencepiece_space(sp_tok) -> None:
     assert "".join(_stream_detok(IncrementalDetokenizer(sp_tok, prompt_tail=prompt), ids)) == " a ☃ b"
 
 
+def _byte_ids(tok, lo: int, hi: int) -> list[int]:
+    """The ids of the single-byte tokens for bytes lo..hi (ByteLevel's character for each byte)."""
+    from pyfront.server.text.detokenizer import _BYTE_OF_CHAR
+
+    char_of_byte = {b: c for c, b in _BYTE_OF_CHAR.items()}
+    ids = [tok.convert_tokens_to_ids(char_of_byte[b]) for b in range(lo, hi + 1)]
+    return [i for i in ids if i is not None and i != tok.unk_token_id]
+
+
+@pytest.fixture(scope="module")
+def prefill_pool(tok) -> list[int]:
+    """Ids whose bytes start a character, continue one, start one that never ends, or are none (skipped specials)."""
+    words = tok.encode("the café 你好 € 😀 a\n b", add_special_tokens=False)
+    pool = words + _byte_ids(tok, 0x80, 0xBF)[:24] + _byte_ids(tok, 0xC3, 0xF0)[:12] + _byte_ids(tok, 0x20, 0x7E)[:8]
+    return [*pool, EOS, ENDOFTEXT, THINK, tok.convert_tokens_to_ids("<|im_start|>")]
+
+
+def _steps(backend, prime: list[int], gen: list[int], skip: bool) -> list[str | None]:
+    """What DecodeStream primed with `prime` returns for each of `gen` (an error's name ends the list)."""
+    from tokenizers.decoders import DecodeStream
+
+    stream = DecodeStream(ids=prime, skip_special_tokens=skip)
+    out: list[str | None] = []
+    for token_id in gen:
+        try:
+            out.append(stream.step(backend, token_id))
+        except Exception as exc:  # the same error either way, at the same step
+            out.append(type(exc).__name__)
+            break
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), skip=st.booleans())
+def test_byte_level_prefill_decodes_as_the_whole_prompt(tok, prefill_pool, data, skip: bool) -> None:
+    """DetokenizerFactory.stream_prefill's suffix primes DecodeStream to the same steps as the whole prompt, vLLM's
+    priming: prompts of up to 30 ids (below MAX_PREFILL_TOKENS) mixing every kind of byte, specials included."""
+    factory = get_factory(tok)
+    prompt = data.draw(st.lists(st.sampled_from(prefill_pool), max_size=30))
+    gen = data.draw(st.lists(st.sampled_from(prefill_pool), min_size=1, max_size=12))
+    prime = factory.stream_prefill(prompt, skip)
+    assert factory.prefill_reason is None
+    assert prime == prompt[len(prompt) - len(prime) :]
+    whole = _steps(factory.backend, prompt, gen, skip)
+    part = _steps(factory.backend, prime, gen, skip)
+    if not factory.backend.decode(prompt, skip_special_tokens=skip).endswith("\ufffd"):
+        assert part == whole
+        return
+    # The prompt's text ends inside a character: no prefix is set, and the first text carries the primed text
+    # (the whole prompt's in vLLM, the suffix's here); everything after it is the same.
+    first = next((i for i, text in enumerate(whole) if text is not None), len(whole))
+    assert part[:first] == whole[:first] and part[first + 1 :] == whole[first + 1 :]
+    if first < len(whole):
+        assert whole[first].endswith(part[first])
+
+
+def test_prefill_is_one_id_for_a_chat_prompt_and_bounded(tok) -> None:
+    from pyfront.server.text.detokenizer import MAX_PREFILL_TOKENS
+
+    factory = get_factory(tok)
+    chat = tok.encode("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert factory.stream_prefill(chat, True) == chat[-1:]
+    assert factory.stream_prefill(chat, False) == chat[-1:]
+    # Trailing specials: skipped ones have no bytes, kept ones are their text's.
+    ended = [*chat[:-1], EOS, ENDOFTEXT]
+    assert factory.stream_prefill(ended, True) == ended[-3:]
+    assert factory.stream_prefill(ended, False) == ended[-1:]
+    # No id that starts a character among the last MAX_PREFILL_TOKENS: those.
+    continuations = _byte_ids(tok, 0x80, 0xBF)
+    long = chat + continuations + continuations
+    assert len(continuations) * 2 > MAX_PREFILL_TOKENS
+    assert factory.stream_prefill(long, True) == long[-MAX_PREFILL_TOKENS:]
+    assert factory.stream_prefill([], True) == []
+
+
+def test_prefill_falls_back_to_the_tail_without_a_byte_level_decoder(sp_tok) -> None:
+    from pyfront.server.text.detokenizer import PROMPT_TAIL_TOKENS
+
+    factory = DetokenizerFactory(sp_tok)
+    ids = list(range(3, 30))
+    assert factory.stream_prefill(ids, True) == ids[-PROMPT_TAIL_TOKENS:]
+    assert factory.prefill_reason is not None and "not ByteLevel" in factory.prefill_reason
+
+
+def test_prefill_falls_back_when_the_probe_disagrees(tok, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyfront.server.text import detokenizer
+
+    monkeypatch.setattr(detokenizer, "_token_bytes", lambda token: token.encode("utf-8"))  # a wrong byte map
+    factory = DetokenizerFactory(tok)
+    ids = tok.encode("hello there\n")
+    assert factory.stream_prefill(ids, True) == ids[-detokenizer.PROMPT_TAIL_TOKENS :]
+    assert factory.prefill_reason is not None and "UTF-8 decoding" in factory.prefill_reason
+
+
 # --------------------------------------------------------------------------- stop strings
 
 
