@@ -199,13 +199,20 @@ def test_responses_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeni
         elif name == "logprobs":
             # vLLM 0.32 attaches an engine output's logprobs to the content delta it produced, and its output
             # processor merges the outputs that arrive while it is busy: the reasoning tokens that came in one
-            # output with the first content token then ride along (timing). pyfront's outputs are the engine's
-            # own, one token each here; the content's logprobs must end vLLM's, the rest be reasoning tokens.
+            # output with the first content token then ride along (timing), and so does the end-of-sequence
+            # token that came with the last one (alone, its output has no text and no delta, and its logprobs go
+            # with it). pyfront's outputs are the engine's own, one token each here: the content's logprobs must
+            # be within vLLM's, reasoning tokens before them, the end of sequence after.
             trimmed: list[str] = []
-            assert _trim_logprobs(vllm[f"{name}/stream"], ours[f"{name}/stream"], trimmed) == ours[f"{name}/stream"]
+            trailing: list[str] = []
+            assert (
+                _trim_logprobs(vllm[f"{name}/stream"], ours[f"{name}/stream"], trimmed, trailing)
+                == ours[f"{name}/stream"]
+            )
             full_tokens = [lp["token"] for lp in vllm[f"{name}/full"]["output"][1]["content"][0]["logprobs"]]
             reasoning_tokens = full_tokens[: full_tokens.index("</think>") + 1]
             assert all(token in reasoning_tokens for token in trimmed), trimmed
+            assert all(token == tokenizer.eos_token for token in trailing), trailing
         else:
             assert ours[f"{name}/stream"] == vllm[f"{name}/stream"], name
     assert ours["text/get"] == ours["text/full"] and vllm["text/get"] == vllm["text/full"]
@@ -247,21 +254,24 @@ def test_responses_match_vllm_frontend(tiny_model: Path, vllm_venv: Path, tokeni
 VLLM_STREAMS_WHITESPACE_BEFORE_CALLS = {"one_call", "two_calls"}
 
 
-def _trim_logprobs(theirs: Any, ours: Any, trimmed: list[str]) -> Any:
-    """`theirs` with each logprobs list that ends with ours cut to ours (the cut tokens go to `trimmed`)."""
+def _trim_logprobs(theirs: Any, ours: Any, trimmed: list[str], trailing: list[str]) -> Any:
+    """`theirs` with each logprobs list that holds ours, with more before or after it, cut to ours (the tokens cut
+    before go to `trimmed`, those after to `trailing`)."""
     if isinstance(theirs, dict) and isinstance(ours, dict):
         out = {}
         for key, value in theirs.items():
             mine = ours.get(key)
-            if (key == "logprobs" and isinstance(value, list) and isinstance(mine, list) and mine
-                    and len(value) > len(mine) and value[-len(mine) :] == mine):  # fmt: skip
-                trimmed += [lp["token"] for lp in value[: -len(mine)]]
-                out[key] = mine
-            else:
-                out[key] = _trim_logprobs(value, mine, trimmed)
+            if key == "logprobs" and isinstance(value, list) and isinstance(mine, list) and mine:
+                start = next((i for i in range(len(value) - len(mine) + 1) if value[i : i + len(mine)] == mine), None)
+                if start is not None and len(value) > len(mine):
+                    trimmed += [lp["token"] for lp in value[:start]]
+                    trailing += [lp["token"] for lp in value[start + len(mine) :]]
+                    out[key] = mine
+                    continue
+            out[key] = _trim_logprobs(value, mine, trimmed, trailing)
         return out
     if isinstance(theirs, list) and isinstance(ours, list) and len(theirs) == len(ours):
-        return [_trim_logprobs(t, o, trimmed) for t, o in zip(theirs, ours, strict=True)]
+        return [_trim_logprobs(t, o, trimmed, trailing) for t, o in zip(theirs, ours, strict=True)]
     return theirs
 
 

@@ -583,6 +583,12 @@ def test_pyfront_subscriber_catches_up_by_replay(rig: Rig, runs: dict[str, list[
                 headers = {"X-data-parallel-rank": str(rank)}
                 assert httpx.post(url, json=body, headers=headers, timeout=REQUEST_TIMEOUT_S).status_code == 200
                 time.sleep(0.2)
+            # The replay from seq 0 runs on the subscriber's thread after that first live batch: wait for it.
+            deadline = time.monotonic() + 10
+            while (status := subscriber.status(rank)) is not None and status.replayed < published[rank]:
+                assert time.monotonic() < deadline, status
+                time.sleep(0.05)
+            assert status is not None
             assert status.gaps == 0 and status.undecodable == 0 and status.replayed >= published[rank], status
             assert index.status(rank).mode == ENGINE_HASHES, index.status(rank)
         for turns in runs["load"]:
