@@ -451,7 +451,7 @@ def run_peer(peer: str, args: argparse.Namespace, model: Path, out: Path, run_id
 
 
 def run_interleaved_seq(peers: list[str], args: argparse.Namespace, model: Path, out: Path, run_id: str) -> dict:
-    """The sequential row again, with every peer up at once and their turns interleaved.
+    """The sequential row again, with every peer up at once and their turns interleaved; then the bursts.
 
     The sequential row compares per-request costs a few percent apart, and this VM's speed drifts by more than that
     over the minute that separates one peer's portion from the next. Here every peer's front end (core 0) and mock
@@ -459,6 +459,11 @@ def run_interleaved_seq(peers: list[str], args: argparse.Namespace, model: Path,
     sequential requests on every peer, in an order that rotates by one peer each round, so a drift of the machine
     falls on every peer alike. Figures per peer: the per-round latency p50 and front-end CPU per request (schedstat),
     their medians over the rounds reported.
+
+    Then `--burst-rounds` rounds of the two burst rows the same way (the order rotating too): the rps row's load
+    (`--rps-requests` over `--rps-concurrency` connections) and a burst of `--streams` streams of
+    `--burst-stream-tokens` tokens, for its TTFT. In a peer's own portion these rows read the VM's drift as much as the
+    front end: vllm-rs's own rps moved 2.2x between four runs of stop 38 (benchmarks/README.md).
     """
     launches: dict[str, Launch] = {}
     arrival_logs: dict[str, Path] = {}
@@ -502,6 +507,37 @@ def run_interleaved_seq(peers: list[str], args: argparse.Namespace, model: Path,
             print(f"  round {rnd + 1}: " + ", ".join(
                 f"{p} {ms(row[p]['latency_p50_s'], 3)} / {ms(row[p]['fe_cpu_s_per_request'], 3)} (send->ADD "
                 f"{ms(row[p]['add_p50_s'], 3)})" for p in peers
+            ), flush=True)  # fmt: skip
+        res["bursts"] = []
+        for rnd in range(args.burst_rounds):
+            order = peers[rnd % len(peers) :] + peers[: rnd % len(peers)]
+            burst: dict[str, Any] = {"order": order}
+            for peer in order:
+                tag = f"pb{run_id}b{rnd:02d}"
+                time.sleep(args.settle)
+                x = run_loadgen(
+                    "rps",
+                    [*common[peer], "--tag", tag, "--requests", str(args.rps_requests), "--concurrency",
+                     str(args.rps_concurrency), "--max-tokens", "1"],
+                    300,
+                )  # fmt: skip
+                time.sleep(args.settle)
+                y = run_loadgen(
+                    "streams",
+                    [*common[peer], "--tag", tag, "--streams", str(args.streams), "--max-tokens",
+                     str(args.burst_stream_tokens)],
+                    300,
+                )  # fmt: skip
+                burst[peer] = {
+                    "rps": x["rps"],
+                    "rps_cpu_s_per_request": x["fe_cpu_s_per_request"],
+                    "ttft_p50_s": y["ttft_p50_s"],
+                    "n_errors": x["n_errors"] + y["n_errors"],
+                    "foreign": max(foreign_share(x), foreign_share(y)),
+                }
+            res["bursts"].append(burst)
+            print(f"  burst round {rnd + 1}: " + ", ".join(
+                f"{p} {burst[p]['rps']:.0f} rps / TTFT {ms(burst[p]['ttft_p50_s'], 0)}" for p in peers
             ), flush=True)  # fmt: skip
     except Exception as exc:  # reported in the table notes
         res["error"] = f"{type(exc).__name__}: {exc}"
@@ -686,6 +722,22 @@ def print_report(
     row(f"{args.rps_concurrency} connections, short requests with max_tokens 1: requests per second (front-end CPU "
         "per request)",
         lambda p, r, f: f"{f['rps'][0]:.0f}{spread(f['rps'][1], 1, '.0f')} ({ms(f['rps_cpu'][0], 2)})")  # fmt: skip
+    bursts = interleaved.get("bursts") or []
+    if bursts:
+
+        def burst_cell(key: str, scale: float, spec: str, suffix: str) -> Any:
+            def cell(p: str, r: dict[str, Any], f: dict[str, Any]) -> str:
+                values = [b[p][key] for b in bursts if p in b and not b[p]["n_errors"]]
+                if not values:
+                    return "-"
+                return f"{format(med(values) * scale, spec)}{suffix}{spread(values, scale, spec)}"
+
+            return cell
+
+        row(f"the same, every peer up at once and their turns interleaved: {len(bursts)} rounds; median requests per "
+            "second", burst_cell("rps", 1, ".0f", ""))  # fmt: skip
+        row(f"{n} streams of {args.burst_stream_tokens} tokens, every peer up at once and their turns interleaved: "
+            f"{len(bursts)} rounds; median TTFT p50", burst_cell("ttft_p50_s", 1000, ".0f", " ms"))  # fmt: skip
     row("startup to /health; idle RSS",
         lambda p, r, f: f"{r['startup_s']:.2f} s; {r['idle_rss_mb']:.0f} MB")  # fmt: skip
     if startups.get("rounds"):
@@ -782,6 +834,13 @@ def print_report(
                 f"{100 * rnd[p]['foreign']:.0f}%" + (f", {rnd[p]['n_errors']} errors" if rnd[p]["n_errors"] else "")
                 for p in rnd["order"]
             ))  # fmt: skip
+        for i, burst in enumerate(interleaved.get("bursts") or []):
+            w(f"    burst round {i + 1} (rps (front-end CPU per request) / TTFT p50; others' share): " + ", ".join(
+                f"{p} {burst[p]['rps']:.0f} ({ms(burst[p]['rps_cpu_s_per_request'], 3)}) / "
+                f"{ms(burst[p]['ttft_p50_s'], 0)}; {100 * burst[p]['foreign']:.0f}%"
+                + (f", {burst[p]['n_errors']} errors" if burst[p]["n_errors"] else "")
+                for p in burst["order"]
+            ))  # fmt: skip
     text = "\n".join(lines)
     print(text, flush=True)
     return text
@@ -818,6 +877,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seq-round-requests", type=int, default=None, help="requests per peer and round (default 300)")
     p.add_argument(
+        "--burst-rounds", type=int, default=None, help="rounds of the interleaved rps and TTFT rows (default 5)"
+    )
+    p.add_argument(
+        "--burst-stream-tokens", type=int, default=32, help="tokens per stream of the interleaved TTFT row's bursts"
+    )
+    p.add_argument(
         "--startup-rounds", type=int, default=None, help="starts of each peer for the start-up row (default 5; 0: none)"
     )
     p.add_argument("--rps-requests", type=int, default=None, help="requests of the rps row (default 3000)")
@@ -850,6 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seq_rounds = (2 if q else 10) if args.seq_rounds is None else args.seq_rounds
     args.seq_round_requests = args.seq_round_requests or (20 if q else 300)
     args.rps_requests = args.rps_requests or (300 if q else 3000)
+    args.burst_rounds = (1 if q else 5) if args.burst_rounds is None else args.burst_rounds
     args.startup_rounds = (1 if q else 5) if args.startup_rounds is None else args.startup_rounds
     args.repeats = args.repeats or (1 if q else 3)
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]
